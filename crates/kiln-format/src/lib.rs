@@ -8,6 +8,7 @@
 pub mod dequant;
 pub mod error;
 pub mod ggml_type;
+pub mod gguf;
 
 pub use error::{ErrorKind, FormatError, Result};
 pub use ggml_type::GgmlType;
