@@ -1,0 +1,1 @@
+//! kiln-tokenizer: text in and out, exactly as the model was trained.
