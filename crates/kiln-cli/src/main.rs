@@ -1,1 +1,43 @@
-fn main() {}
+//! The `kiln` command line. Each subcommand lives in its own module; this file
+//! only parses arguments and turns errors into a message and exit code 1.
+
+mod inspect;
+mod tokenize;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Local LLM inference: GGUF and Hugging Face models on CPU and GPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a model file or folder: format, architecture, config, tokenizer, tensors.
+    Inspect(inspect::Args),
+    /// Tokenize text (or render a chat) with a model's tokenizer.
+    Tokenize(tokenize::Args),
+}
+
+/// Errors reaching `main` are printed as one line each (with their causes) and
+/// exit with status 1; clap's own usage errors exit with 2.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("kiln: error: {e}");
+        let mut src = e.source();
+        while let Some(s) = src {
+            eprintln!("  caused by: {s}");
+            src = s.source();
+        }
+        std::process::exit(1);
+    }
+}
