@@ -5,10 +5,16 @@
 //! names, and `ModelConfig`. Later stages never learn which format a tensor
 //! came from.
 
+pub mod config;
 pub mod dequant;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;
+pub mod model;
+pub mod names;
+mod shapes;
 
+pub use config::{Activation, Arch, ModelConfig, NormKind, RopeConfig, RopeScaling, RopeStyle};
 pub use error::{ErrorKind, FormatError, Result};
 pub use ggml_type::GgmlType;
+pub use model::{Format, Model, ModelTensor, TensorType};

@@ -146,6 +146,11 @@ impl Gguf {
         &self.storage[start..start + t.n_bytes as usize]
     }
 
+    /// The whole file image.
+    pub fn bytes(&self) -> &[u8] {
+        &self.storage
+    }
+
     pub fn file_size(&self) -> u64 {
         self.storage.len() as u64
     }
