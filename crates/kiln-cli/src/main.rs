@@ -1,13 +1,18 @@
 //! The `kiln` command line. Each subcommand lives in its own module; this file
 //! only parses arguments and turns errors into a message and exit code 1.
 
+mod default_model;
 mod inspect;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Local LLM inference: GGUF and Hugging Face models on CPU and GPU")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Local LLM inference: GGUF and Hugging Face models on CPU and GPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
