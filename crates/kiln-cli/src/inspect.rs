@@ -1,6 +1,21 @@
-//! `kiln inspect`.
+//! `kiln inspect PATH`: what a model file or folder holds, as tables or JSON.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kiln_format::gguf::{Array, Value};
+use kiln_format::{Format, Model, ModelTensor};
+use serde_json::{json, Value as Json};
 
 use crate::CliResult;
+
+/// `writeln!` into a String (cannot fail).
+macro_rules! w {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -9,8 +24,353 @@ pub struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Print every metadata key (long arrays are still summarised).
+    #[arg(long)]
+    pub all_metadata: bool,
 }
 
-pub fn run(_args: Args) -> CliResult {
-    Err("kiln inspect is not implemented yet".into())
+pub fn run(args: Args) -> CliResult {
+    let model = Model::open(&args.path)?;
+    let report = Report::new(&model);
+    if args.json {
+        crate::write_stdout(&(serde_json::to_string_pretty(&report.to_json(&model))? + "\n"))?;
+    } else {
+        crate::write_stdout(&report.render(&model, args.all_metadata))?;
+    }
+    Ok(())
+}
+
+/// What `inspect` derives beyond the model's own fields.
+struct Report {
+    tokenizer: Json,
+    by_type: BTreeMap<String, (usize, u64, u64)>,
+    n_params: u64,
+}
+
+impl Report {
+    fn new(m: &Model) -> Self {
+        let mut by_type: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+        for t in m.tensors() {
+            let e = by_type.entry(t.ty.to_string()).or_default();
+            e.0 += 1;
+            e.1 += t.n_elements();
+            e.2 += t.n_bytes;
+        }
+        Report {
+            tokenizer: tokenizer_summary(m),
+            n_params: m.tensors().iter().map(ModelTensor::n_elements).sum(),
+            by_type,
+        }
+    }
+
+    fn render(&self, m: &Model, all_metadata: bool) -> String {
+        let mut out = String::new();
+        let files: Vec<String> = m.files().iter().map(|p| p.display().to_string()).collect();
+        w!(out, "path:          {}", m.path.display());
+        match &m.gguf {
+            Some(g) => w!(
+                out,
+                "format:        GGUF v{} ({}, alignment {})",
+                g.version,
+                human_bytes(g.file_size()),
+                g.alignment
+            ),
+            None => w!(
+                out,
+                "format:        safetensors ({} file(s): {})",
+                files.len(),
+                files.join(", ")
+            ),
+        }
+        if let Some(q) = m.mlx_quantization {
+            w!(
+                out,
+                "quantization:  MLX {}-bit, group size {}",
+                q.bits,
+                q.group_size
+            );
+        }
+        let c = &m.config;
+        w!(out, "architecture:  {}", c.arch.name());
+        if let Some(name) = m.gguf.as_ref().and_then(|g| g.get_str("general.name")) {
+            w!(out, "name:          {name}");
+        }
+        w!(out, "\nconfig:");
+        if let Json::Object(map) = serde_json::to_value(c).unwrap_or(Json::Null) {
+            for (k, v) in map {
+                if k == "layer_sliding" {
+                    let n = c.layer_sliding.iter().filter(|&&s| s).count();
+                    w!(out, "  {k:<22} {n} of {} layers slide", c.n_layers);
+                } else {
+                    w!(out, "  {k:<22} {v}");
+                }
+            }
+        }
+        w!(out, "\ntokenizer:");
+        if let Json::Object(map) = &self.tokenizer {
+            for (k, v) in map {
+                w!(out, "  {k:<22} {v}");
+            }
+        }
+        if let Some(g) = &m.gguf {
+            w!(out, "\nmetadata ({} keys):", g.metadata().len());
+            for (k, v) in g.metadata() {
+                let skip = !all_metadata
+                    && (k.starts_with("tokenizer.ggml.") || k == "tokenizer.chat_template");
+                if !skip {
+                    w!(out, "  {k:<44} {v}");
+                }
+            }
+            if !all_metadata {
+                w!(
+                    out,
+                    "  (tokenizer keys summarised above; --all-metadata lists them)"
+                );
+            }
+        }
+        w!(out, "\ntensors ({}):", m.tensors().len());
+        let w = m
+            .tensors()
+            .iter()
+            .map(|t| t.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        w!(
+            out,
+            "  {:<w$}  {:<9} {:<22} {:>12}",
+            "name",
+            "type",
+            "shape",
+            "bytes"
+        );
+        for t in m.tensors() {
+            let mut shape = format!("{:?}", t.shape);
+            if t.transposed {
+                shape.push_str(" (in,out)");
+            }
+            w!(
+                out,
+                "  {:<w$}  {:<9} {:<22} {:>12}",
+                t.name,
+                t.ty.to_string(),
+                shape,
+                t.n_bytes
+            );
+        }
+        if !m.unmapped.is_empty() {
+            w!(
+                out,
+                "\nnot used by kiln ({}): {}",
+                m.unmapped.len(),
+                m.unmapped.join(", ")
+            );
+        }
+        w!(out, "\ntotals:");
+        for (ty, (n, el, bytes)) in &self.by_type {
+            w!(
+                out,
+                "  {ty:<9} {n:>5} tensors {el:>14} values {:>12}",
+                human_bytes(*bytes)
+            );
+        }
+        w!(
+            out,
+            "  all       {:>5} tensors {:>14} values {:>12} ({:.2} bits/value)",
+            m.tensors().len(),
+            self.n_params,
+            human_bytes(m.total_bytes()),
+            m.total_bytes() as f64 * 8.0 / self.n_params.max(1) as f64
+        );
+        out
+    }
+
+    fn to_json(&self, m: &Model) -> Json {
+        let tensors: Vec<Json> = m
+            .tensors()
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "source_name": t.source_name,
+                    "type": t.ty.to_string(),
+                    "shape": t.shape,
+                    "transposed": t.transposed,
+                    "bytes": t.n_bytes,
+                })
+            })
+            .collect();
+        let metadata: Option<serde_json::Map<String, Json>> = m.gguf.as_ref().map(|g| {
+            g.metadata()
+                .iter()
+                .map(|(k, v)| (k.clone(), value_json(v)))
+                .collect()
+        });
+        let by_type: serde_json::Map<String, Json> = self
+            .by_type
+            .iter()
+            .map(|(ty, (n, el, b))| (ty.clone(), json!({"tensors": n, "values": el, "bytes": b})))
+            .collect();
+        json!({
+            "path": m.path,
+            "format": m.format.name(),
+            "gguf_version": m.gguf.as_ref().map(|g| g.version),
+            "files": m.files(),
+            "architecture": m.config.arch.name(),
+            "config": m.config,
+            "mlx_quantization": m.mlx_quantization.map(|q| json!({"bits": q.bits, "group_size": q.group_size})),
+            "tokenizer": self.tokenizer,
+            "metadata": metadata,
+            "tensors": tensors,
+            "unmapped_tensors": m.unmapped,
+            "totals": {
+                "tensors": m.tensors().len(),
+                "values": self.n_params,
+                "bytes": m.total_bytes(),
+                "by_type": by_type,
+            },
+        })
+    }
+}
+
+/// Metadata value as JSON; arrays longer than 16 become a summary so a
+/// 262k-token vocabulary does not flood the output.
+fn value_json(v: &Value) -> Json {
+    match v {
+        Value::Array(a) if a.len() > 16 => {
+            json!({"array_of": a.element_type().name(), "len": a.len()})
+        }
+        Value::Array(a) => array_json(a),
+        Value::String(s) => json!(s),
+        Value::Bool(b) => json!(b),
+        Value::F32(x) => json!(x),
+        Value::F64(x) => json!(x),
+        other => other
+            .as_int()
+            .map(|n| json!(n as i64))
+            .unwrap_or(Json::Null),
+    }
+}
+
+fn array_json(a: &Array) -> Json {
+    match a {
+        Array::String(v) => json!(v),
+        Array::F32(v) => json!(v),
+        Array::F64(v) => json!(v),
+        Array::Bool(v) => json!(v),
+        Array::Array(v) => Json::Array(v.iter().map(array_json).collect()),
+        other => other.to_i64_vec().map(|v| json!(v)).unwrap_or(Json::Null),
+    }
+}
+
+/// A description of the tokenizer from the file's own fields (type, vocab
+/// size, special tokens, chat template), without building it.
+fn tokenizer_summary(m: &Model) -> Json {
+    match (&m.gguf, m.format) {
+        (Some(g), _) => {
+            let tokens = g.get("tokenizer.ggml.tokens").and_then(Value::as_array);
+            let piece = |key: &str| -> Json {
+                let id = g.get(key).and_then(Value::as_int);
+                match id {
+                    Some(id) => {
+                        let text = tokens
+                            .and_then(Array::as_strings)
+                            .and_then(|t| t.get(id as usize));
+                        json!({"id": id as i64, "text": text})
+                    }
+                    None => Json::Null,
+                }
+            };
+            json!({
+                "model": g.get_str("tokenizer.ggml.model"),
+                "pre": g.get_str("tokenizer.ggml.pre"),
+                "vocab_size": tokens.map(Array::len),
+                "merges": g.get("tokenizer.ggml.merges").and_then(Value::as_array).map(Array::len),
+                "bos": piece("tokenizer.ggml.bos_token_id"),
+                "eos": piece("tokenizer.ggml.eos_token_id"),
+                "unknown": piece("tokenizer.ggml.unknown_token_id"),
+                "padding": piece("tokenizer.ggml.padding_token_id"),
+                "add_bos_token": g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool),
+                "chat_template": g.get_str("tokenizer.chat_template").map(|t| format!("{} chars", t.len())),
+            })
+        }
+        (None, Format::Safetensors) => hf_tokenizer_summary(&m.path),
+        (None, Format::Gguf) => Json::Null,
+    }
+}
+
+fn hf_tokenizer_summary(dir: &Path) -> Json {
+    let read = |name: &str| -> Option<Json> {
+        let text = std::fs::read_to_string(dir.join(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    let tok = read("tokenizer.json");
+    let cfg = read("tokenizer_config.json");
+    let model = tok.as_ref().and_then(|t| t.get("model"));
+    let vocab = model.and_then(|m| m.get("vocab")).map(|v| match v {
+        Json::Object(o) => o.len(),
+        Json::Array(a) => a.len(),
+        _ => 0,
+    });
+    let added = tok
+        .as_ref()
+        .and_then(|t| t.get("added_tokens"))
+        .and_then(Json::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t.get("content").cloned())
+                .take(16)
+                .collect::<Vec<_>>()
+        });
+    let special = |k: &str| -> Json {
+        match cfg.as_ref().and_then(|c| c.get(k)) {
+            Some(Json::Object(o)) => o.get("content").cloned().unwrap_or(Json::Null),
+            Some(v) => v.clone(),
+            None => Json::Null,
+        }
+    };
+    let template = cfg
+        .as_ref()
+        .and_then(|c| c.get("chat_template"))
+        .map(|t| {
+            if t.is_string() {
+                "tokenizer_config.json"
+            } else {
+                "tokenizer_config.json (named)"
+            }
+        })
+        .or_else(|| {
+            dir.join("chat_template.jinja")
+                .is_file()
+                .then_some("chat_template.jinja")
+        })
+        .or_else(|| {
+            dir.join("chat_template.json")
+                .is_file()
+                .then_some("chat_template.json")
+        });
+    json!({
+        "file": tok.as_ref().map(|_| "tokenizer.json"),
+        "model": model.and_then(|m| m.get("type")).cloned(),
+        "vocab_size": vocab,
+        "added_tokens": added,
+        "bos": special("bos_token"),
+        "eos": special("eos_token"),
+        "chat_template": template,
+    })
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }

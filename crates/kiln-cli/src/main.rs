@@ -30,6 +30,17 @@ enum Command {
 /// exit with status 1; clap's own usage errors exit with 2.
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Writes to stdout; a reader that went away (`kiln inspect … | head`) ends
+/// the program quietly instead of panicking.
+pub fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => r,
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
