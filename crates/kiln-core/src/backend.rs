@@ -1,0 +1,44 @@
+//! The interface every backend implements: one forward step over a batch of
+//! tokens drawn from any number of sequences.
+
+use crate::arch::ArchDescriptor;
+use crate::error::Result;
+use crate::kv::KvTables;
+
+/// Tokens of one forward step. All slices have the same length; token `i`
+/// belongs to sequence slot `seqs[i]` at position `positions[i]`. Tokens of
+/// one sequence appear in increasing, consecutive positions, and every
+/// earlier position of that sequence is already in the cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub seqs: &'a [u32],
+    /// Which tokens need a row of logits.
+    pub want_logits: &'a [bool],
+}
+
+impl Batch<'_> {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    pub fn n_logits(&self) -> usize {
+        self.want_logits.iter().filter(|&&w| w).count()
+    }
+}
+
+pub trait Backend {
+    fn desc(&self) -> &ArchDescriptor;
+
+    /// Most tokens one [`Backend::forward`] call takes (its scratch size).
+    fn max_batch_tokens(&self) -> usize;
+
+    /// Runs the model over `batch`: stores each token's K/V at its position
+    /// in the blocks `kv` assigns (already reserved by the caller), and writes
+    /// one row of `vocab_size` logits per token with `want_logits`, in batch
+    /// order, to the front of `logits`.
+    fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()>;
+}

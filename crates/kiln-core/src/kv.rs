@@ -1,0 +1,338 @@
+//! The paged KV cache's bookkeeping: a pool of fixed-size blocks per layer
+//! group, and per sequence a block table per group.
+//!
+//! Layers that attend the same positions share a group: all global layers
+//! form one, all sliding-window layers (of one window size) another. A block
+//! of a group holds `block_size` positions of K and V for every layer of the
+//! group. A sliding group releases the blocks that fall out of its window,
+//! so its pool is sized from the window, not the context.
+//!
+//! This module only hands out block ids; the backend owns the storage they
+//! index (`[block][layer in group][position in block][kv_dim]`).
+
+use crate::arch::ArchDescriptor;
+use crate::error::{EngineError, Result};
+
+/// A released (or never allocated) block in a table.
+pub const NO_BLOCK: u32 = u32::MAX;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvGroup {
+    /// Layers (model indices) whose K/V the group's blocks hold.
+    pub layers: Vec<usize>,
+    /// Positions a query sees (including its own); `None`: all.
+    pub window: Option<usize>,
+    /// Blocks in the pool.
+    pub n_blocks: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvLayout {
+    pub block_size: usize,
+    /// K (and V) floats per position per layer.
+    pub kv_dim: usize,
+    /// Sequences that can be live at once.
+    pub max_seqs: usize,
+    /// Positions per sequence (the context size).
+    pub max_ctx: usize,
+    pub groups: Vec<KvGroup>,
+    /// Per model layer: (group, index of the layer within the group).
+    pub layer_slot: Vec<(usize, usize)>,
+}
+
+impl KvLayout {
+    /// A pool that always fits `max_seqs` sequences of `max_ctx` positions
+    /// each, fed in chunks of at most `max_chunk` tokens.
+    pub fn plan(
+        desc: &ArchDescriptor,
+        max_ctx: usize,
+        max_seqs: usize,
+        block_size: usize,
+        max_chunk: usize,
+    ) -> Self {
+        let block_size = block_size.max(1);
+        let max_ctx = max_ctx.max(1);
+        let mut groups: Vec<KvGroup> = Vec::new();
+        let mut layer_slot = Vec::with_capacity(desc.n_layers);
+        for (i, l) in desc.layers.iter().enumerate() {
+            let g = match groups.iter().position(|g| g.window == l.window) {
+                Some(g) => g,
+                None => {
+                    let full = max_ctx.div_ceil(block_size);
+                    let per_seq = match l.window {
+                        // live positions: window - 1 old ones plus a chunk.
+                        Some(w) => (w.saturating_sub(1) + max_chunk.max(1))
+                            .div_ceil(block_size)
+                            .saturating_add(1)
+                            .min(full),
+                        None => full,
+                    };
+                    groups.push(KvGroup {
+                        layers: Vec::new(),
+                        window: l.window,
+                        n_blocks: per_seq * max_seqs.max(1),
+                    });
+                    groups.len() - 1
+                }
+            };
+            layer_slot.push((g, groups[g].layers.len()));
+            groups[g].layers.push(i);
+        }
+        KvLayout {
+            block_size,
+            kv_dim: desc.kv_dim(),
+            max_seqs: max_seqs.max(1),
+            max_ctx,
+            groups,
+            layer_slot,
+        }
+    }
+
+    /// f32 elements of K (or of V) per block of `group`.
+    pub fn block_elems(&self, group: usize) -> usize {
+        self.groups[group].layers.len() * self.block_size * self.kv_dim
+    }
+
+    /// Bytes of K and V storage for the whole pool (f32).
+    pub fn total_bytes(&self) -> usize {
+        (0..self.groups.len())
+            .map(|g| self.groups[g].n_blocks * self.block_elems(g) * 2 * 4)
+            .sum()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SeqKv {
+    active: bool,
+    /// Positions written (and committed) so far.
+    len: usize,
+    /// Per group: block id per logical block (`NO_BLOCK` once released).
+    tables: Vec<Vec<u32>>,
+}
+
+/// Block tables of every sequence slot and the free lists of the pool.
+#[derive(Debug, Clone)]
+pub struct KvTables {
+    layout: KvLayout,
+    free: Vec<Vec<u32>>,
+    seqs: Vec<SeqKv>,
+}
+
+impl KvTables {
+    pub fn new(layout: KvLayout) -> Self {
+        let free = layout
+            .groups
+            .iter()
+            .map(|g| (0..g.n_blocks as u32).rev().collect())
+            .collect();
+        let per_seq = layout.max_ctx.div_ceil(layout.block_size);
+        let seqs = (0..layout.max_seqs)
+            .map(|_| SeqKv {
+                active: false,
+                len: 0,
+                tables: layout
+                    .groups
+                    .iter()
+                    .map(|_| Vec::with_capacity(per_seq))
+                    .collect(),
+            })
+            .collect();
+        KvTables { layout, free, seqs }
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    fn seq(&self, slot: usize) -> Result<&SeqKv> {
+        self.seqs.get(slot).ok_or_else(|| {
+            EngineError::Input(format!(
+                "sequence slot {slot} does not exist (the cache has {} slots)",
+                self.seqs.len()
+            ))
+        })
+    }
+
+    /// Positions in the cache of sequence `slot` (0 for unknown slots).
+    pub fn len(&self, slot: usize) -> usize {
+        self.seqs.get(slot).map_or(0, |s| s.len)
+    }
+
+    pub fn is_active(&self, slot: usize) -> bool {
+        self.seqs.get(slot).is_some_and(|s| s.active)
+    }
+
+    /// A slot with no live sequence.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.seqs.iter().position(|s| !s.active)
+    }
+
+    /// Block table of `slot` in `group` (hot path: no checks beyond bounds).
+    #[inline]
+    pub fn table(&self, slot: usize, group: usize) -> &[u32] {
+        self.seqs
+            .get(slot)
+            .and_then(|s| s.tables.get(group))
+            .map_or(&[], |t| t.as_slice())
+    }
+
+    /// Free blocks left in `group`.
+    pub fn free_blocks(&self, group: usize) -> usize {
+        self.free.get(group).map_or(0, Vec::len)
+    }
+
+    /// Makes sure positions `[len, new_len)` of `slot` have blocks in every
+    /// group, activating the slot. Allocates nothing on the heap.
+    pub fn reserve(&mut self, slot: usize, new_len: usize) -> Result<()> {
+        self.seq(slot)?;
+        if new_len > self.layout.max_ctx {
+            return Err(EngineError::Input(format!(
+                "sequence {slot} needs {new_len} positions, the context holds {}",
+                self.layout.max_ctx
+            )));
+        }
+        let bs = self.layout.block_size;
+        let need = new_len.div_ceil(bs);
+        let s = &mut self.seqs[slot];
+        s.active = true;
+        for (g, table) in s.tables.iter_mut().enumerate() {
+            while table.len() < need {
+                let b = self.free[g].pop().ok_or(EngineError::KvFull {
+                    group: g,
+                    blocks: self.layout.groups[g].n_blocks,
+                })?;
+                table.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that positions `< new_len` are written, and releases the
+    /// blocks of windowed groups no later query can see.
+    pub fn commit(&mut self, slot: usize, new_len: usize) {
+        let bs = self.layout.block_size;
+        let Some(s) = self.seqs.get_mut(slot) else {
+            return;
+        };
+        s.len = new_len;
+        for (g, table) in s.tables.iter_mut().enumerate() {
+            let Some(w) = self.layout.groups[g].window else {
+                continue;
+            };
+            // The next query (position new_len) sees keys >= earliest.
+            let earliest = (new_len + 1).saturating_sub(w);
+            let dead = (earliest / bs).min(table.len());
+            for b in table[..dead].iter_mut().rev() {
+                if *b == NO_BLOCK {
+                    break;
+                }
+                self.free[g].push(*b);
+                *b = NO_BLOCK;
+            }
+        }
+    }
+
+    /// Drops the sequence in `slot`, returning its blocks to the pool.
+    pub fn clear(&mut self, slot: usize) {
+        let Some(s) = self.seqs.get_mut(slot) else {
+            return;
+        };
+        for (g, table) in s.tables.iter_mut().enumerate() {
+            for &b in table.iter() {
+                if b != NO_BLOCK {
+                    self.free[g].push(b);
+                }
+            }
+            table.clear();
+        }
+        s.len = 0;
+        s.active = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::LayerDesc;
+
+    fn desc(windows: &[Option<usize>]) -> ArchDescriptor {
+        ArchDescriptor {
+            name: "test",
+            vocab_size: 10,
+            hidden: 8,
+            n_layers: windows.len(),
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            intermediate: 16,
+            context_length: 64,
+            norm: kiln_format::NormKind::Rms,
+            norm_eps: 1e-6,
+            norm_weight_offset: 0.0,
+            activation: kiln_format::Activation::Silu,
+            gated_ffn: true,
+            fused_qkv: false,
+            qk_norm: false,
+            post_attn_norm: false,
+            post_ffn_norm: false,
+            embedding_scale: 1.0,
+            learned_positions: false,
+            causal: true,
+            attn_scale: 0.5,
+            attn_softcap: None,
+            final_softcap: None,
+            tied_embeddings: true,
+            rope: None,
+            layers: windows
+                .iter()
+                .map(|&window| LayerDesc {
+                    window,
+                    rope_table: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn groups_and_sizes() {
+        let d = desc(&[Some(6), Some(6), None, Some(6)]);
+        let l = KvLayout::plan(&d, 64, 2, 4, 8);
+        assert_eq!(l.groups.len(), 2);
+        assert_eq!(l.groups[0].layers, vec![0, 1, 3]);
+        assert_eq!(l.groups[1].layers, vec![2]);
+        assert_eq!(l.layer_slot[3], (0, 2));
+        assert_eq!(l.groups[1].n_blocks, 2 * 16);
+        // (5 + 8) / 4 -> 4, + 1
+        assert_eq!(l.groups[0].n_blocks, 2 * 5);
+    }
+
+    #[test]
+    fn window_releases_blocks() {
+        let d = desc(&[Some(6), None]);
+        let mut t = KvTables::new(KvLayout::plan(&d, 64, 1, 4, 1));
+        let total = t.free_blocks(0);
+        for n in 1..=40 {
+            t.reserve(0, n).unwrap();
+            t.commit(0, n);
+            // the next query at position n needs keys n-5..n
+            let table = t.table(0, 0);
+            for p in (n + 1).saturating_sub(6)..n {
+                assert_ne!(table[p / 4], NO_BLOCK, "n={n} p={p}");
+            }
+            assert!(total - t.free_blocks(0) <= 3);
+        }
+        assert_eq!(t.table(0, 1).len(), 10);
+        t.clear(0);
+        assert_eq!(t.free_blocks(0), total);
+        assert_eq!(t.free_blocks(1), 16);
+    }
+
+    #[test]
+    fn full_pool_and_context_are_errors() {
+        let d = desc(&[None]);
+        let mut t = KvTables::new(KvLayout::plan(&d, 8, 1, 4, 8));
+        assert!(t.reserve(0, 9).is_err());
+        t.reserve(0, 8).unwrap();
+        assert!(t.reserve(1, 1).is_err());
+    }
+}
