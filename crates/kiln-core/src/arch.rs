@@ -87,8 +87,8 @@ impl ArchDescriptor {
             .map(|i| {
                 let sliding = c.layer_sliding.get(i).copied().unwrap_or(false);
                 let window = if sliding { c.sliding_window } else { None };
-                let local = window.is_some()
-                    && c.rope.as_ref().is_some_and(|r| r.theta_local.is_some());
+                let local =
+                    window.is_some() && c.rope.as_ref().is_some_and(|r| r.theta_local.is_some());
                 LayerDesc {
                     window,
                     rope_table: usize::from(local),

@@ -14,10 +14,7 @@ pub enum EngineError {
     /// of the vocabulary, unknown sequence slot …
     Input(String),
     /// The KV block pool has no free block left.
-    KvFull {
-        group: usize,
-        blocks: usize,
-    },
+    KvFull { group: usize, blocks: usize },
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

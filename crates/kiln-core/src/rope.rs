@@ -213,11 +213,21 @@ mod tests {
     #[test]
     fn linear_divides_frequencies() {
         let (f1, _) = inv_freqs(&cfg(RopeScaling::None), 10000.0, true, None);
-        let (f2, _) = inv_freqs(&cfg(RopeScaling::Linear { factor: 4.0 }), 10000.0, true, None);
+        let (f2, _) = inv_freqs(
+            &cfg(RopeScaling::Linear { factor: 4.0 }),
+            10000.0,
+            true,
+            None,
+        );
         for (a, b) in f1.iter().zip(&f2) {
             assert!((a / 4.0 - b).abs() < 1e-15);
         }
-        let (f3, _) = inv_freqs(&cfg(RopeScaling::Linear { factor: 4.0 }), 10000.0, false, None);
+        let (f3, _) = inv_freqs(
+            &cfg(RopeScaling::Linear { factor: 4.0 }),
+            10000.0,
+            false,
+            None,
+        );
         assert_eq!(f1, f3);
     }
 }

@@ -149,9 +149,8 @@ impl Sampler {
                 *l += b;
             }
         }
-        let penalize = p.repeat_penalty != 1.0
-            || p.presence_penalty != 0.0
-            || p.frequency_penalty != 0.0;
+        let penalize =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if penalize && p.repeat_last_n > 0 {
             let start = history.len().saturating_sub(p.repeat_last_n);
             let window = &history[start..];
@@ -202,11 +201,7 @@ impl Sampler {
         let max = self.cand[0].0;
         // top-p on temperature-1 probabilities.
         if p.top_p < 1.0 {
-            let total: f64 = self
-                .cand
-                .iter()
-                .map(|c| f64::from(c.0 - max).exp())
-                .sum();
+            let total: f64 = self.cand.iter().map(|c| f64::from(c.0 - max).exp()).sum();
             let mut acc = 0.0;
             let mut keep = self.cand.len();
             for (i, c) in self.cand.iter().enumerate() {
@@ -288,8 +283,12 @@ mod tests {
         assert_eq!(a, b);
         let mut s1 = Sampler::new(plain(), 6);
         let mut s2 = Sampler::new(SamplerParams { seed: 8, ..plain() }, 6);
-        let x: Vec<u32> = (0..64).map(|_| s1.sample(&mut LOGITS.to_vec(), &[])).collect();
-        let y: Vec<u32> = (0..64).map(|_| s2.sample(&mut LOGITS.to_vec(), &[])).collect();
+        let x: Vec<u32> = (0..64)
+            .map(|_| s1.sample(&mut LOGITS.to_vec(), &[]))
+            .collect();
+        let y: Vec<u32> = (0..64)
+            .map(|_| s2.sample(&mut LOGITS.to_vec(), &[]))
+            .collect();
         assert_ne!(x, y);
     }
 
@@ -301,7 +300,14 @@ mod tests {
             assert!((a - b).abs() < 0.005, "{a} vs {b}");
         }
         // temperature 0.5 = logits doubled
-        let f = freqs(SamplerParams { temperature: 0.5, ..plain() }, &LOGITS, n);
+        let f = freqs(
+            SamplerParams {
+                temperature: 0.5,
+                ..plain()
+            },
+            &LOGITS,
+            n,
+        );
         let doubled: Vec<f32> = LOGITS.iter().map(|x| x * 2.0).collect();
         for (a, b) in f.iter().zip(softmax(&doubled)) {
             assert!((a - b).abs() < 0.005, "{a} vs {b}");
@@ -310,7 +316,14 @@ mod tests {
 
     #[test]
     fn top_k_renormalizes_the_k_best() {
-        let f = freqs(SamplerParams { top_k: 2, ..plain() }, &LOGITS, 100_000);
+        let f = freqs(
+            SamplerParams {
+                top_k: 2,
+                ..plain()
+            },
+            &LOGITS,
+            100_000,
+        );
         let p = softmax(&LOGITS[..2]);
         assert!((f[0] - p[0]).abs() < 0.006 && (f[1] - p[1]).abs() < 0.006);
         assert_eq!(f[2..].iter().sum::<f64>(), 0.0);
@@ -331,7 +344,14 @@ mod tests {
     #[test]
     fn min_p_drops_unlikely_tokens() {
         // p_i / p_max = exp(l_i - 2): id2 0.37, id5 0.22, id3 0.14
-        let f = freqs(SamplerParams { min_p: 0.2, ..plain() }, &LOGITS, 100_000);
+        let f = freqs(
+            SamplerParams {
+                min_p: 0.2,
+                ..plain()
+            },
+            &LOGITS,
+            100_000,
+        );
         let kept = [LOGITS[0], LOGITS[1], LOGITS[2], LOGITS[5]];
         let q = softmax(&kept);
         for (j, &i) in [0usize, 1, 2, 5].iter().enumerate() {

@@ -1,1 +1,760 @@
-pub fn placeholder() {}
+//! kiln-cpu: the CPU backend.
+//!
+//! One decoder for every architecture, driven by the
+//! [`ArchDescriptor`](kiln_core::ArchDescriptor). Weights are read as stored
+//! (mmap): each matmul decodes a weight row once with the reference
+//! dequantization and dots it with every token of the batch; rows are split
+//! across a persistent thread pool. Scratch buffers and the paged KV storage
+//! are allocated at load; [`CpuBackend::forward`] allocates nothing.
+//!
+//! These are the scalar reference kernels; SIMD and quantized dot products
+//! come later and are checked against them.
+
+mod kernels;
+mod pool;
+mod weights;
+
+use std::sync::{Arc, Mutex};
+
+use kiln_core::kv::{KvLayout, KvTables, NO_BLOCK};
+use kiln_core::rope::{inv_freqs, RopeTable};
+use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
+use kiln_format::{Model, NormKind};
+
+pub use kernels::dot;
+use pool::SyncPtr;
+pub use pool::ThreadPool;
+use weights::{opt_vector, vector, Mat};
+
+struct Norm {
+    w: Vec<f32>,
+    b: Option<Vec<f32>>,
+}
+
+impl Norm {
+    fn load(m: &Model, d: &ArchDescriptor, stem: &str) -> Result<Norm> {
+        Ok(Norm {
+            w: vector(m, &format!("{stem}.weight"), d.hidden, d.norm_weight_offset)?,
+            b: opt_vector(m, &format!("{stem}.bias"), d.hidden, 0.0)?,
+        })
+    }
+    fn load_opt(m: &Model, d: &ArchDescriptor, stem: &str) -> Result<Option<Norm>> {
+        if m.tensor(&format!("{stem}.weight")).is_none() {
+            return Ok(None);
+        }
+        Self::load(m, d, stem).map(Some)
+    }
+}
+
+struct Layer {
+    attn_norm: Norm,
+    q: Mat,
+    k: Mat,
+    v: Mat,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    o: Mat,
+    o_bias: Option<Vec<f32>>,
+    post_attn_norm: Option<Norm>,
+    ffn_norm: Norm,
+    gate: Option<Mat>,
+    gate_bias: Option<Vec<f32>>,
+    up: Mat,
+    up_bias: Option<Vec<f32>>,
+    down: Mat,
+    down_bias: Option<Vec<f32>>,
+    post_ffn_norm: Option<Norm>,
+}
+
+fn check_shape(name: &str, w: &Mat, rows: usize, cols: usize) -> Result<()> {
+    if w.rows() != rows || w.cols() != cols {
+        return Err(EngineError::Unsupported(format!(
+            "tensor '{name}' is [{}, {}], expected [{rows}, {cols}]",
+            w.rows(),
+            w.cols()
+        )));
+    }
+    Ok(())
+}
+
+impl Layer {
+    fn load(m: &Model, d: &ArchDescriptor, i: usize) -> Result<Layer> {
+        let p = |n: &str| format!("blk.{i}.{n}");
+        let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
+        let mat = |n: &str, rows: usize, cols: usize| -> Result<Mat> {
+            let name = p(&format!("{n}.weight"));
+            let w = Mat::load(m, &name)?;
+            check_shape(&name, &w, rows, cols)?;
+            Ok(w)
+        };
+        let bias = |n: &str, len: usize| opt_vector(m, &p(&format!("{n}.bias")), len, 0.0);
+        let (q, k, v, q_bias, k_bias, v_bias) = if d.fused_qkv {
+            let w = mat("attn_qkv", qd + 2 * kvd, hid)?;
+            let mut parts = w.split(&[qd, kvd, kvd])?.into_iter();
+            let b = bias("attn_qkv", qd + 2 * kvd)?;
+            let (qb, kb, vb) = match b {
+                Some(b) => (
+                    Some(b[..qd].to_vec()),
+                    Some(b[qd..qd + kvd].to_vec()),
+                    Some(b[qd + kvd..].to_vec()),
+                ),
+                None => (None, None, None),
+            };
+            let missing = || EngineError::Unsupported("fused qkv split".into());
+            (
+                parts.next().ok_or_else(missing)?,
+                parts.next().ok_or_else(missing)?,
+                parts.next().ok_or_else(missing)?,
+                qb,
+                kb,
+                vb,
+            )
+        } else {
+            (
+                mat("attn_q", qd, hid)?,
+                mat("attn_k", kvd, hid)?,
+                mat("attn_v", kvd, hid)?,
+                bias("attn_q", qd)?,
+                bias("attn_k", kvd)?,
+                bias("attn_v", kvd)?,
+            )
+        };
+        let off = d.norm_weight_offset;
+        let (q_norm, k_norm) = if d.qk_norm {
+            (
+                Some(vector(m, &p("attn_q_norm.weight"), d.head_dim, off)?),
+                Some(vector(m, &p("attn_k_norm.weight"), d.head_dim, off)?),
+            )
+        } else {
+            (None, None)
+        };
+        let gate = if d.gated_ffn {
+            Some(mat("ffn_gate", inter, hid)?)
+        } else {
+            None
+        };
+        Ok(Layer {
+            attn_norm: Norm::load(m, d, &p("attn_norm"))?,
+            q,
+            k,
+            v,
+            q_bias,
+            k_bias,
+            v_bias,
+            q_norm,
+            k_norm,
+            o: mat("attn_output", hid, qd)?,
+            o_bias: bias("attn_output", hid)?,
+            post_attn_norm: if d.post_attn_norm {
+                Norm::load_opt(m, d, &p("post_attention_norm"))?
+            } else {
+                None
+            },
+            ffn_norm: Norm::load(m, d, &p("ffn_norm"))?,
+            gate,
+            gate_bias: bias("ffn_gate", inter)?,
+            up: mat("ffn_up", inter, hid)?,
+            up_bias: bias("ffn_up", inter)?,
+            down: mat("ffn_down", hid, inter)?,
+            down_bias: bias("ffn_down", hid)?,
+            post_ffn_norm: if d.post_ffn_norm {
+                Norm::load_opt(m, d, &p("post_ffw_norm"))?
+            } else {
+                None
+            },
+        })
+    }
+}
+
+struct Weights {
+    embd: Mat,
+    pos_embd: Option<Mat>,
+    layers: Vec<Layer>,
+    out_norm: Norm,
+    /// `None`: tied to `embd`.
+    output: Option<Mat>,
+}
+
+/// Per-thread scratch.
+struct Local {
+    row: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// Activations of one forward call, sized for `max_batch` tokens.
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    sel: Vec<f32>,
+    seln: Vec<f32>,
+}
+
+/// K and V storage per KV group: `[block][layer in group][pos in block][kv_dim]`.
+struct KvStore {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    pub threads: usize,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+pub struct CpuBackend {
+    model: Arc<Model>,
+    desc: ArchDescriptor,
+    layout: KvLayout,
+    w: Weights,
+    ropes: Vec<RopeTable>,
+    pool: ThreadPool,
+    locals: Vec<Mutex<Local>>,
+    s: Scratch,
+    kv: KvStore,
+    max_batch: usize,
+}
+
+impl CpuBackend {
+    /// Loads the weights' layout (not their bytes: they stay mapped) and
+    /// allocates KV storage for `layout` and scratch for `max_batch` tokens.
+    pub fn new(
+        model: Arc<Model>,
+        desc: ArchDescriptor,
+        layout: KvLayout,
+        max_batch: usize,
+        opts: CpuOptions,
+    ) -> Result<Self> {
+        let m = &*model;
+        let d = &desc;
+        let max_batch = max_batch.max(1);
+        let embd = Mat::load(m, "token_embd.weight")?;
+        check_shape("token_embd.weight", &embd, d.vocab_size, d.hidden)?;
+        let pos_embd = if d.learned_positions {
+            let p = Mat::load(m, "position_embd.weight")?;
+            if p.cols() != d.hidden {
+                return Err(EngineError::Unsupported(
+                    "position_embd.weight width differs from the hidden size".into(),
+                ));
+            }
+            if layout.max_ctx > p.rows() {
+                return Err(EngineError::Input(format!(
+                    "context {} exceeds the model's {} learned positions",
+                    layout.max_ctx,
+                    p.rows()
+                )));
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let layers = (0..d.n_layers)
+            .map(|i| Layer::load(m, d, i))
+            .collect::<Result<Vec<_>>>()?;
+        let output = if d.tied_embeddings {
+            None
+        } else {
+            let o = Mat::load(m, "output.weight")?;
+            check_shape("output.weight", &o, d.vocab_size, d.hidden)?;
+            Some(o)
+        };
+        let w = Weights {
+            embd,
+            pos_embd,
+            layers,
+            out_norm: Norm::load(m, d, "output_norm")?,
+            output,
+        };
+
+        let mut ropes = Vec::new();
+        if let Some(r) = &d.rope {
+            let ff = match m.tensor("rope_freqs.weight") {
+                Some(_) => Some(vector(m, "rope_freqs.weight", r.dim / 2, 0.0)?),
+                None => None,
+            };
+            let (f, s) = inv_freqs(r, r.theta, true, ff.as_deref());
+            ropes.push(RopeTable::new(r.dim, r.style, &f, s, layout.max_ctx));
+            if let Some(tl) = r.theta_local {
+                let (f, s) = inv_freqs(r, tl, false, None);
+                ropes.push(RopeTable::new(r.dim, r.style, &f, s, layout.max_ctx));
+            }
+        }
+
+        let pool = ThreadPool::new(opts.threads);
+        let max_in = d.hidden.max(d.q_dim()).max(d.intermediate);
+        let locals = (0..pool.n_threads())
+            .map(|_| {
+                Mutex::new(Local {
+                    row: vec![0.0; max_in],
+                    scores: vec![0.0; layout.max_ctx],
+                })
+            })
+            .collect();
+        let b = max_batch;
+        let s = Scratch {
+            x: vec![0.0; b * d.hidden],
+            xn: vec![0.0; b * d.hidden],
+            q: vec![0.0; b * d.q_dim()],
+            k: vec![0.0; b * d.kv_dim()],
+            v: vec![0.0; b * d.kv_dim()],
+            att: vec![0.0; b * d.q_dim()],
+            tmp: vec![0.0; b * d.hidden],
+            gate: vec![0.0; b * d.intermediate],
+            up: vec![0.0; b * d.intermediate],
+            sel: vec![0.0; b * d.hidden],
+            seln: vec![0.0; b * d.hidden],
+        };
+        let kv = KvStore {
+            k: (0..layout.groups.len())
+                .map(|g| vec![0.0; layout.groups[g].n_blocks * layout.block_elems(g)])
+                .collect(),
+            v: (0..layout.groups.len())
+                .map(|g| vec![0.0; layout.groups[g].n_blocks * layout.block_elems(g)])
+                .collect(),
+        };
+        Ok(CpuBackend {
+            model,
+            desc,
+            layout,
+            w,
+            ropes,
+            pool,
+            locals,
+            s,
+            kv,
+            max_batch,
+        })
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+}
+
+/// `y[t][r] = W[r] · x[t] + bias[r]` for `n` tokens, rows split over threads.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    pool: &ThreadPool,
+    locals: &[Mutex<Local>],
+    m: &Model,
+    w: &Mat,
+    bias: Option<&[f32]>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    debug_assert!(x.len() >= n * cols && y.len() >= n * rows);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let nt = pool.n_threads();
+    pool.run(&|tid| {
+        let (r0, r1) = (rows * tid / nt, rows * (tid + 1) / nt);
+        let Some(local) = locals.get(tid) else {
+            return;
+        };
+        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+        let yp = yp;
+        for r in r0..r1 {
+            let row = w.row(m, r, &mut local.row);
+            let b = bias.map_or(0.0, |b| b[r]);
+            for t in 0..n {
+                let v = kernels::dot(row, &x[t * cols..(t + 1) * cols]) + b;
+                // SAFETY: row r of every token belongs to this thread alone,
+                // and t * rows + r < n * rows <= y.len().
+                unsafe { *yp.0.add(t * rows + r) = v };
+            }
+        }
+    });
+}
+
+impl Backend for CpuBackend {
+    fn desc(&self) -> &ArchDescriptor {
+        &self.desc
+    }
+
+    fn max_batch_tokens(&self) -> usize {
+        self.max_batch
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>, kvt: &KvTables, logits: &mut [f32]) -> Result<()> {
+        let n = batch.len();
+        let d = &self.desc;
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.max_batch
+            || batch.positions.len() != n
+            || batch.seqs.len() != n
+            || batch.want_logits.len() != n
+        {
+            return Err(EngineError::Input(format!(
+                "batch of {n} tokens (max {}) with mismatched field lengths",
+                self.max_batch
+            )));
+        }
+        let n_out = batch.n_logits();
+        if logits.len() < n_out * d.vocab_size {
+            return Err(EngineError::Input("logits buffer too small".into()));
+        }
+        let bs = self.layout.block_size;
+        for i in 0..n {
+            let (tok, pos, seq) = (
+                batch.tokens[i] as usize,
+                batch.positions[i] as usize,
+                batch.seqs[i] as usize,
+            );
+            if tok >= d.vocab_size || pos >= self.layout.max_ctx {
+                return Err(EngineError::Input(format!(
+                    "token {tok} at position {pos}: vocabulary {}, context {}",
+                    d.vocab_size, self.layout.max_ctx
+                )));
+            }
+            for g in 0..self.layout.groups.len() {
+                if kvt
+                    .table(seq, g)
+                    .get(pos / bs)
+                    .is_none_or(|&b| b == NO_BLOCK)
+                {
+                    return Err(EngineError::Input(format!(
+                        "sequence {seq} has no KV block for position {pos}"
+                    )));
+                }
+            }
+        }
+
+        let m = &*self.model;
+        let (pool, locals, w, s, kv) = (
+            &self.pool,
+            &self.locals[..],
+            &self.w,
+            &mut self.s,
+            &mut self.kv,
+        );
+        let (hid, qd, kvd, hd, inter) =
+            (d.hidden, d.q_dim(), d.kv_dim(), d.head_dim, d.intermediate);
+        let eps = d.norm_eps;
+
+        // Embeddings.
+        for i in 0..n {
+            let x = &mut s.x[i * hid..(i + 1) * hid];
+            let mut guard = locals[0].lock().unwrap_or_else(|e| e.into_inner());
+            let row = w.embd.row(m, batch.tokens[i] as usize, &mut guard.row);
+            for (o, &v) in x.iter_mut().zip(row) {
+                *o = v * d.embedding_scale;
+            }
+            if let Some(pe) = &w.pos_embd {
+                let row = pe.row(m, batch.positions[i] as usize, &mut guard.row);
+                kernels::axpy(x, 1.0, row);
+            }
+        }
+
+        for (li, layer) in w.layers.iter().enumerate() {
+            let ld = d.layers[li];
+            for i in 0..n {
+                let r = i * hid..(i + 1) * hid;
+                kernels::norm(
+                    d.norm,
+                    &s.x[r.clone()],
+                    &mut s.xn[r],
+                    &layer.attn_norm.w,
+                    layer.attn_norm.b.as_deref(),
+                    eps,
+                );
+            }
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.q,
+                layer.q_bias.as_deref(),
+                &s.xn,
+                n,
+                &mut s.q,
+            );
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.k,
+                layer.k_bias.as_deref(),
+                &s.xn,
+                n,
+                &mut s.k,
+            );
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.v,
+                layer.v_bias.as_deref(),
+                &s.xn,
+                n,
+                &mut s.v,
+            );
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                kernels::rms_heads(&mut s.q[..n * qd], hd, qn, eps);
+                kernels::rms_heads(&mut s.k[..n * kvd], hd, kn, eps);
+            }
+            if let Some(rope) = self.ropes.get(ld.rope_table) {
+                for i in 0..n {
+                    let pos = batch.positions[i] as usize;
+                    for h in s.q[i * qd..(i + 1) * qd].chunks_exact_mut(hd) {
+                        rope.apply(h, pos);
+                    }
+                    for h in s.k[i * kvd..(i + 1) * kvd].chunks_exact_mut(hd) {
+                        rope.apply(h, pos);
+                    }
+                }
+            }
+            // Store K/V.
+            let (g, lig) = self.layout.layer_slot[li];
+            let nlg = self.layout.groups[g].layers.len();
+            for i in 0..n {
+                let (pos, seq) = (batch.positions[i] as usize, batch.seqs[i] as usize);
+                let blk = kvt.table(seq, g)[pos / bs] as usize;
+                let at = ((blk * nlg + lig) * bs + pos % bs) * kvd;
+                kv.k[g][at..at + kvd].copy_from_slice(&s.k[i * kvd..(i + 1) * kvd]);
+                kv.v[g][at..at + kvd].copy_from_slice(&s.v[i * kvd..(i + 1) * kvd]);
+            }
+            // Attention over (token, head) pairs.
+            {
+                let (kc, vc) = (&kv.k[g][..], &kv.v[g][..]);
+                let q = &s.q[..];
+                let att = SyncPtr(s.att.as_mut_ptr());
+                let n_heads = d.n_heads;
+                let group = d.n_heads / d.n_kv_heads;
+                let items = n * n_heads;
+                let nt = pool.n_threads();
+                let (scale, softcap, causal) = (d.attn_scale, d.attn_softcap, d.causal);
+                pool.run(&|tid| {
+                    let att = att;
+                    let Some(local) = locals.get(tid) else { return };
+                    let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+                    for item in items * tid / nt..items * (tid + 1) / nt {
+                        let (i, h) = (item / n_heads, item % n_heads);
+                        let kh = h / group;
+                        let (pos, seq) = (batch.positions[i] as usize, batch.seqs[i] as usize);
+                        let table = kvt.table(seq, g);
+                        let end = if causal {
+                            pos + 1
+                        } else {
+                            kvt.len(seq).max(pos + 1)
+                        };
+                        let start = ld.window.map_or(0, |win| (pos + 1).saturating_sub(win));
+                        let qv = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
+                        let scores = &mut local.scores[..end - start];
+                        let mut mx = f32::NEG_INFINITY;
+                        for (j, sc) in scores.iter_mut().enumerate() {
+                            let p = start + j;
+                            let blk = table[p / bs] as usize;
+                            let at = ((blk * nlg + lig) * bs + p % bs) * kvd + kh * hd;
+                            let mut v = kernels::dot(qv, &kc[at..at + hd]) * scale;
+                            if let Some(c) = softcap {
+                                v = (v / c).tanh() * c;
+                            }
+                            *sc = v;
+                            mx = mx.max(v);
+                        }
+                        let mut sum = 0.0f32;
+                        for sc in scores.iter_mut() {
+                            *sc = (*sc - mx).exp();
+                            sum += *sc;
+                        }
+                        let inv = 1.0 / sum;
+                        // SAFETY: head h of token i is written by this thread only.
+                        let out = unsafe {
+                            std::slice::from_raw_parts_mut(att.0.add(i * qd + h * hd), hd)
+                        };
+                        out.fill(0.0);
+                        for (j, &sc) in scores.iter().enumerate() {
+                            let p = start + j;
+                            let blk = table[p / bs] as usize;
+                            let at = ((blk * nlg + lig) * bs + p % bs) * kvd + kh * hd;
+                            kernels::axpy(out, sc * inv, &vc[at..at + hd]);
+                        }
+                    }
+                });
+            }
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.o,
+                layer.o_bias.as_deref(),
+                &s.att,
+                n,
+                &mut s.tmp,
+            );
+            residual(
+                d.norm,
+                &mut s.x,
+                &s.tmp,
+                layer.post_attn_norm.as_ref(),
+                n,
+                hid,
+                eps,
+            );
+
+            for i in 0..n {
+                let r = i * hid..(i + 1) * hid;
+                kernels::norm(
+                    d.norm,
+                    &s.x[r.clone()],
+                    &mut s.xn[r],
+                    &layer.ffn_norm.w,
+                    layer.ffn_norm.b.as_deref(),
+                    eps,
+                );
+            }
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.up,
+                layer.up_bias.as_deref(),
+                &s.xn,
+                n,
+                &mut s.up,
+            );
+            if let Some(gate) = &layer.gate {
+                matmul(
+                    pool,
+                    locals,
+                    m,
+                    gate,
+                    layer.gate_bias.as_deref(),
+                    &s.xn,
+                    n,
+                    &mut s.gate,
+                );
+                for (g, &u) in s.gate[..n * inter].iter_mut().zip(&s.up[..n * inter]) {
+                    *g = kernels::activate(d.activation, *g) * u;
+                }
+            } else {
+                for (g, &u) in s.gate[..n * inter].iter_mut().zip(&s.up[..n * inter]) {
+                    *g = kernels::activate(d.activation, u);
+                }
+            }
+            matmul(
+                pool,
+                locals,
+                m,
+                &layer.down,
+                layer.down_bias.as_deref(),
+                &s.gate,
+                n,
+                &mut s.tmp,
+            );
+            residual(
+                d.norm,
+                &mut s.x,
+                &s.tmp,
+                layer.post_ffn_norm.as_ref(),
+                n,
+                hid,
+                eps,
+            );
+        }
+
+        // Final norm and logits for the tokens that want them.
+        let mut k = 0;
+        for i in 0..n {
+            if batch.want_logits[i] {
+                s.sel[k * hid..(k + 1) * hid].copy_from_slice(&s.x[i * hid..(i + 1) * hid]);
+                k += 1;
+            }
+        }
+        for i in 0..k {
+            let r = i * hid..(i + 1) * hid;
+            kernels::norm(
+                d.norm,
+                &s.sel[r.clone()],
+                &mut s.seln[r],
+                &w.out_norm.w,
+                w.out_norm.b.as_deref(),
+                eps,
+            );
+        }
+        if k > 0 {
+            let out_w = w.output.as_ref().unwrap_or(&w.embd);
+            matmul(
+                pool,
+                locals,
+                m,
+                out_w,
+                None,
+                &s.seln,
+                k,
+                &mut logits[..k * d.vocab_size],
+            );
+            if let Some(c) = d.final_softcap {
+                for l in &mut logits[..k * d.vocab_size] {
+                    *l = (*l / c).tanh() * c;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `x += y`, or `x += post_norm(y)` when the layer has a post-norm, per token.
+fn residual(
+    kind: NormKind,
+    x: &mut [f32],
+    y: &[f32],
+    post: Option<&Norm>,
+    n: usize,
+    hid: usize,
+    eps: f32,
+) {
+    for i in 0..n {
+        let r = i * hid..(i + 1) * hid;
+        match post {
+            Some(p) => add_normed(kind, &y[r.clone()], &mut x[r], &p.w, p.b.as_deref(), eps),
+            None => kernels::axpy(&mut x[r.clone()], 1.0, &y[r]),
+        }
+    }
+}
+
+/// `x += norm(y)` without a temporary.
+fn add_normed(kind: NormKind, y: &[f32], x: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
+    let n = y.len().max(1) as f64;
+    match kind {
+        NormKind::Rms => {
+            let ss: f64 = y.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let inv = (1.0 / (ss / n + f64::from(eps)).sqrt()) as f32;
+            for ((o, &v), &w) in x.iter_mut().zip(y).zip(w) {
+                *o += v * inv * w;
+            }
+        }
+        NormKind::Layer => {
+            let mean = y.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+            let var = y
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / n;
+            let inv = 1.0 / (var + f64::from(eps)).sqrt();
+            for (i, (o, &v)) in x.iter_mut().zip(y).enumerate() {
+                *o += ((f64::from(v) - mean) * inv) as f32 * w[i]
+                    + b.and_then(|b| b.get(i)).copied().unwrap_or(0.0);
+            }
+        }
+    }
+}

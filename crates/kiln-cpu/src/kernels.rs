@@ -1,0 +1,139 @@
+//! Scalar reference kernels, written so the compiler vectorizes them
+//! (independent accumulators over fixed-size chunks).
+
+use kiln_format::{Activation, NormKind};
+
+/// Σ a[i]·b[i] over the shorter length, 16 independent accumulators.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 16];
+    let ca = a.chunks_exact(16);
+    let cb = b.chunks_exact(16);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..16 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    for j in 0..8 {
+        acc[j] += acc[j + 8];
+    }
+    for j in 0..4 {
+        acc[j] += acc[j + 4];
+    }
+    (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail
+}
+
+/// `y += a * x`
+#[inline]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// Normalizes `x` into `out` (same length): RMSNorm `x / rms(x) * w`, or
+/// LayerNorm `(x - mean) / std * w + b`. Sums in f64.
+pub fn norm(kind: NormKind, x: &[f32], out: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
+    let n = x.len().max(1) as f64;
+    match kind {
+        NormKind::Rms => {
+            let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let inv = (1.0 / (ss / n + f64::from(eps)).sqrt()) as f32;
+            for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+                *o = v * inv * w;
+            }
+        }
+        NormKind::Layer => {
+            let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+            let var = x
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / n;
+            let inv = 1.0 / (var + f64::from(eps)).sqrt();
+            for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+                let nv = ((f64::from(v) - mean) * inv) as f32;
+                *o = nv * w.get(i).copied().unwrap_or(1.0)
+                    + b.and_then(|b| b.get(i)).copied().unwrap_or(0.0);
+            }
+        }
+    }
+}
+
+/// In-place RMSNorm of each `dim`-sized head of `x`.
+pub fn rms_heads(x: &mut [f32], dim: usize, w: &[f32], eps: f32) {
+    for h in x.chunks_exact_mut(dim) {
+        let ss: f64 = h.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = (1.0 / (ss / dim as f64 + f64::from(eps)).sqrt()) as f32;
+        for (v, &w) in h.iter_mut().zip(w) {
+            *v = *v * inv * w;
+        }
+    }
+}
+
+#[inline]
+pub fn activate(kind: Activation, x: f32) -> f32 {
+    match kind {
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::GeluTanh => {
+            let x64 = f64::from(x);
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            (0.5 * x64 * (1.0 + (c * (x64 + 0.044715 * x64 * x64 * x64)).tanh())) as f32
+        }
+        Activation::Gelu => {
+            let x64 = f64::from(x);
+            (0.5 * x64 * (1.0 + erf(x64 / std::f64::consts::SQRT_2))) as f32
+        }
+    }
+}
+
+/// erf via the complementary error function's Chebyshev fit (Numerical
+/// Recipes `erfcc`), relative error < 1.2e-7.
+pub fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 {
+        1.0 - r
+    } else {
+        r - 1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive() {
+        for n in [0, 1, 15, 16, 17, 33, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.3).cos()).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
+            assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn erf_values() {
+        assert!((erf(0.5) - 0.520_499_877_813_046_5).abs() < 2e-7);
+        assert!((erf(-1.5) + 0.966_105_146_475_310_7).abs() < 2e-7);
+    }
+}

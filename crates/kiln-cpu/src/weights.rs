@@ -1,0 +1,197 @@
+//! Weights as stored: matrices stay in the mapped file and are decoded a row
+//! at a time; vectors (norms, biases) are small and decoded once at load.
+
+use kiln_core::{EngineError, Result};
+use kiln_format::dequant::{dequantize_row, dequantize_to_vec, is_supported};
+use kiln_format::{GgmlType, Model, ModelTensor, TensorType};
+
+/// A `[rows, cols]` matrix (`y = W x` takes `cols` inputs to `rows` outputs).
+pub(crate) enum Mat {
+    /// Rows `row0..row0 + rows` of a mapped tensor.
+    Mapped {
+        tensor: ModelTensor,
+        ty: GgmlType,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+    },
+    /// Decoded at load: only for layouts the row kernels cannot read as
+    /// stored (HF GPT-2 `Conv1D` weights are `[in, out]`).
+    Owned {
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+fn ggml_type(m: &Model, t: &ModelTensor) -> Result<GgmlType> {
+    match t.ty {
+        TensorType::Ggml(ty) if is_supported(ty) => Ok(ty),
+        other => Err(EngineError::Unsupported(format!(
+            "tensor '{}' of type {other} in {} (the CPU backend reads ggml types)",
+            t.name,
+            m.path.display()
+        ))),
+    }
+}
+
+fn decode_all(m: &Model, t: &ModelTensor) -> Result<Vec<f32>> {
+    let ty = ggml_type(m, t)?;
+    dequantize_to_vec(ty, m.data(t))
+        .map_err(|e| EngineError::Unsupported(format!("tensor '{}': {e}", t.name)))
+}
+
+impl Mat {
+    /// The whole tensor `name`, as `[out, in]`.
+    pub fn load(m: &Model, name: &str) -> Result<Mat> {
+        let t = m.require(name)?;
+        let shape = t.logical_shape();
+        let (rows, cols) = match shape.as_slice() {
+            [r, c] => (*r as usize, *c as usize),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "tensor '{name}' has shape {other:?}, a matrix was expected"
+                )))
+            }
+        };
+        Self::from_tensor(m, t, rows, cols)
+    }
+
+    fn from_tensor(m: &Model, t: &ModelTensor, rows: usize, cols: usize) -> Result<Mat> {
+        let ty = ggml_type(m, t)?;
+        if t.transposed {
+            let stored = decode_all(m, t)?;
+            let mut data = vec![0.0f32; rows * cols];
+            // stored is [cols][rows]
+            for (i, chunk) in stored.chunks_exact(rows).enumerate().take(cols) {
+                for (o, &v) in chunk.iter().enumerate() {
+                    data[o * cols + i] = v;
+                }
+            }
+            return Ok(Mat::Owned { data, rows, cols });
+        }
+        if cols % ty.block_size() != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "tensor '{}': rows of {cols} values are not whole {ty} blocks",
+                t.name
+            )));
+        }
+        Ok(Mat::Mapped {
+            tensor: t.clone(),
+            ty,
+            row0: 0,
+            rows,
+            cols,
+        })
+    }
+
+    /// Splits a fused projection into consecutive row ranges.
+    pub fn split(self, sizes: &[usize]) -> Result<Vec<Mat>> {
+        let total: usize = sizes.iter().sum();
+        if total != self.rows() {
+            return Err(EngineError::Unsupported(format!(
+                "fused projection has {} rows, expected {total}",
+                self.rows()
+            )));
+        }
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for &n in sizes {
+            out.push(match &self {
+                Mat::Mapped {
+                    tensor,
+                    ty,
+                    row0,
+                    cols,
+                    ..
+                } => Mat::Mapped {
+                    tensor: tensor.clone(),
+                    ty: *ty,
+                    row0: row0 + start,
+                    rows: n,
+                    cols: *cols,
+                },
+                Mat::Owned { data, cols, .. } => Mat::Owned {
+                    data: data[start * cols..(start + n) * cols].to_vec(),
+                    rows: n,
+                    cols: *cols,
+                },
+            });
+            start += n;
+        }
+        Ok(out)
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Mat::Mapped { rows, .. } | Mat::Owned { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Mat::Mapped { cols, .. } | Mat::Owned { cols, .. } => *cols,
+        }
+    }
+
+    /// Row `r` as f32: borrowed when stored as aligned little-endian f32,
+    /// else decoded into `scratch` (`cols` long).
+    #[inline]
+    pub fn row<'a>(&'a self, m: &'a Model, r: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Mat::Owned { data, cols, .. } => &data[r * cols..(r + 1) * cols],
+            Mat::Mapped {
+                tensor,
+                ty,
+                row0,
+                cols,
+                ..
+            } => {
+                let data = m.data(tensor);
+                let row = row0 + r;
+                if *ty == GgmlType::F32 && cfg!(target_endian = "little") {
+                    if let Some(bytes) = data.get(row * cols * 4..(row + 1) * cols * 4) {
+                        // SAFETY: any bit pattern is a valid f32.
+                        let (pre, mid, post) = unsafe { bytes.align_to::<f32>() };
+                        if pre.is_empty() && post.is_empty() {
+                            return mid;
+                        }
+                    }
+                }
+                let out = &mut scratch[..*cols];
+                if dequantize_row(*ty, data, *cols, row, out).is_err() {
+                    out.fill(0.0);
+                }
+                out
+            }
+        }
+    }
+}
+
+/// A 1-D tensor decoded to f32, plus `offset` (norm weights).
+pub(crate) fn vector(m: &Model, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+    let t = m.require(name)?;
+    let mut v = decode_all(m, t)?;
+    if v.len() != len {
+        return Err(EngineError::Unsupported(format!(
+            "tensor '{name}' has {} values, expected {len}",
+            v.len()
+        )));
+    }
+    if offset != 0.0 {
+        v.iter_mut().for_each(|x| *x += offset);
+    }
+    Ok(v)
+}
+
+pub(crate) fn opt_vector(
+    m: &Model,
+    name: &str,
+    len: usize,
+    offset: f32,
+) -> Result<Option<Vec<f32>>> {
+    if m.tensor(name).is_none() {
+        return Ok(None);
+    }
+    vector(m, name, len, offset).map(Some)
+}

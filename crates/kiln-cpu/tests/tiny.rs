@@ -1,0 +1,117 @@
+//! Every tiny architecture against transformers (float64) and, for the
+//! quantized files, against the dequantized-weights reference.
+
+mod common;
+
+use std::path::Path;
+
+use common::{argmax, engine, fixtures, max_abs, Arrays};
+use kiln_core::EngineOptions;
+
+/// Small chunks and blocks so paged KV, chunked prefill and (gemma3) the
+/// sliding window's block release are all exercised.
+fn opts() -> EngineOptions {
+    EngineOptions {
+        ctx: 64,
+        max_seqs: 1,
+        block_size: 4,
+        max_chunk: 7,
+    }
+}
+
+/// Logits at every position of `input_ids` vs `want`; returns max abs diff.
+fn all_logits(path: &Path, ids: &[u32], want: &[f32]) -> f32 {
+    let mut e = engine(path, opts(), 2);
+    let mut out = Vec::new();
+    e.prefill_into(0, ids, true, &mut out).unwrap();
+    max_abs(&out, want)
+}
+
+/// Greedy continuation through the KV-cache decode path, step by step.
+fn greedy(path: &Path, r: &Arrays, tol: f32) -> f32 {
+    let prompt = r.ids("prompt_ids");
+    let gen = r.ids("generated_ids");
+    let (shape, seq) = r.f32("gen_seq_logits");
+    let v = shape[1];
+    let mut e = engine(path, opts(), 2);
+    let mut logits = e.prefill(0, &prompt).unwrap().to_vec();
+    let mut worst = 0.0f32;
+    for (i, &want) in gen.iter().enumerate() {
+        let row = &seq[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+        let d = max_abs(&logits, row);
+        worst = worst.max(d);
+        assert!(d <= tol, "{}: step {i}: logits differ by {d}", path.display());
+        assert_eq!(argmax(&logits), want, "{}: step {i}", path.display());
+        logits = e.decode(0, want).unwrap().to_vec();
+    }
+    worst
+}
+
+fn check_f32(name: &str) {
+    let dir = fixtures().join("tiny").join(name);
+    let r = Arrays::open(&dir.join("ref_hf.safetensors"));
+    let ids = r.ids("input_ids");
+    let (_, want) = r.f32("logits");
+    for path in [dir.join(format!("gguf/{name}-f32.gguf")), dir.join("hf")] {
+        let d = all_logits(&path, &ids, &want);
+        let g = greedy(&path, &r, 1e-4);
+        eprintln!(
+            "{name} {}: logits max abs {d:.2e}, greedy 16/16, step logits max abs {g:.2e}",
+            path.file_name().and_then(|f| f.to_str()).unwrap_or("?")
+        );
+        assert!(d <= 1e-4, "{}: logits differ by {d}", path.display());
+    }
+}
+
+fn check_quant(name: &str, types: &[&str]) {
+    let dir = fixtures().join("tiny").join(name);
+    for t in types {
+        let r = Arrays::open(&dir.join(format!("ref_llamacpp_{t}.safetensors")));
+        let ids = r.ids("input_ids");
+        let (_, deq) = r.f32("logits_hf_dequant_f64");
+        let (_, lcpp) = r.f32("logits");
+        let path = dir.join(format!("gguf/{name}-{t}.gguf"));
+        let mut e = engine(&path, opts(), 2);
+        let mut out = Vec::new();
+        e.prefill_into(0, &ids, true, &mut out).unwrap();
+        let d = max_abs(&out, &deq);
+        let dl = max_abs(&out, &lcpp);
+        eprintln!("{name} {t}: vs hf-dequant f64 {d:.2e}, vs llama.cpp {dl:.2e}");
+        assert!(d <= 1e-3, "{name} {t}: {d}");
+    }
+}
+
+#[test]
+fn llama() {
+    check_f32("llama");
+    check_quant("llama", &["f16", "q8_0", "q4_0", "q4_1", "q5_0"]);
+}
+
+#[test]
+fn qwen2() {
+    check_f32("qwen2");
+    check_quant("qwen2", &["f16", "q8_0", "q4_0", "q4_1", "q5_0"]);
+}
+
+#[test]
+fn qwen3() {
+    check_f32("qwen3");
+    check_quant("qwen3", &["f16", "q8_0", "q4_0", "q4_1", "q5_0"]);
+}
+
+#[test]
+fn gemma3() {
+    check_f32("gemma3");
+    check_quant("gemma3", &["f16", "q8_0", "q4_0", "q4_1", "q5_0"]);
+}
+
+#[test]
+fn gpt2() {
+    check_f32("gpt2");
+    check_quant("gpt2", &["f16", "q8_0", "q4_0"]);
+}
+
+#[test]
+fn llama_kq() {
+    check_quant("llama_kq", &["q4_k", "q6_k", "q4_k_m"]);
+}
