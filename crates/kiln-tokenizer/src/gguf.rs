@@ -12,7 +12,7 @@
 //!   byte fallback to `<0xNN>`, spaces escaped to `▁`, and a `▁` prefixed to
 //!   every text fragment when `add_space_prefix` is set (llama.cpp prefixes the
 //!   text at the start and after every special token).
-//! * `bert` (WordPiece): NFD, lower-casing, punctuation/CJK splitting, greedy
+//! * `bert` (WordPiece): NFD, accent stripping, lower-casing, punctuation/CJK splitting, greedy
 //!   longest match; the GGUF spelling (`▁word`, `piece`) is mapped back to the
 //!   usual (`word`, `##piece`).
 //!
@@ -34,7 +34,7 @@ use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::normalizers::{
-    BertNormalizer, NormalizerWrapper, Prepend, Replace, Sequence as NormSequence, NFD,
+    BertNormalizer, NormalizerWrapper, Prepend, Replace, Sequence as NormSequence,
 };
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -369,8 +369,9 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
             for (i, mg) in merges_raw.iter().enumerate() {
                 // llama.cpp splits at the first space after the first byte.
                 let pos = mg
-                    .get(1..)
-                    .and_then(|s| s.find(' '))
+                    .bytes()
+                    .skip(1)
+                    .position(|c| c == b' ')
                     .map(|p| p + 1)
                     .ok_or_else(|| m.err("tokenizer.ggml.merges", format!("merge #{i} {mg:?} is not two tokens separated by a space")))?;
                 let (l, r) = (&mg[..pos], &mg[pos + 1..]);
@@ -477,10 +478,8 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
                 .build()
                 .map_err(|e| Error::invalid(&m.origin, format!("WordPiece vocabulary: {e}")))?;
             tk = tokenizers::Tokenizer::new(wp);
-            tk.with_normalizer(Some(NormSequence::new(vec![
-                NFD.into(),
-                BertNormalizer::new(true, true, Some(false), true).into(),
-            ])));
+            // llama.cpp: NFD, drop accents (nonspacing marks), lower-case.
+            tk.with_normalizer(Some(BertNormalizer::new(true, true, Some(true), true)));
             tk.with_pre_tokenizer(Some(BertPreTokenizer));
             tk.with_decoder(Some(WordPieceDecoder::new("##".to_string(), true)));
             b.kind = ModelKind::WordPiece;
