@@ -13,7 +13,11 @@
 //!   non-ASCII kept, `indent`, `separators`, `sort_keys`, `ensure_ascii`), not
 //!   minijinja's HTML-safe compact form;
 //! * Python string/dict/list methods (`.strip()`, `.startswith()`, `.split()`,
-//!   `.items()`, `.get()`, …) from `minijinja-contrib`'s `pycompat`.
+//!   `.items()`, `.get()`, …) from `minijinja-contrib`'s `pycompat`, with
+//!   `.title()` following Python's rule.
+//!
+//! As in transformers 5, message keys whose value is `null` are removed before
+//! rendering (`"content": null` is seen as an undefined `content`).
 //!
 //! Variables passed to the template: `messages`, `tools` (none unless given),
 //! `documents` (none), `add_generation_prompt`, `bos_token`, `eos_token`,
@@ -153,7 +157,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(py_methods);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -218,13 +222,31 @@ impl ChatTemplate {
     /// problem; there is no silent fallback.
     pub fn render(&self, req: &ChatRequest<'_>) -> Result<String> {
         let msgs = messages_from_json(req.messages)?;
+        // Like transformers (5.x): keys whose value is null are dropped, so a
+        // template sees `content: null` as an undefined `content`.
+        let msgs: Vec<serde_json::Value> = msgs
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|m| match m {
+                        serde_json::Value::Object(o) => serde_json::Value::Object(
+                            o.iter()
+                                .filter(|(_, v)| !v.is_null())
+                                .map(|(k, v)| (k.clone(), v.clone()))
+                                .collect(),
+                        ),
+                        other => other.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut ctx: Vec<(String, Value)> = Vec::new();
         if let Some(extra) = req.extra {
             for (k, v) in extra {
                 ctx.push((k.clone(), Value::from_serialize(v)));
             }
         }
-        ctx.push(("messages".into(), Value::from_serialize(msgs)));
+        ctx.push(("messages".into(), Value::from_serialize(&msgs)));
         ctx.push((
             "tools".into(),
             match req.tools {
@@ -263,6 +285,42 @@ fn describe(e: &minijinja::Error) -> String {
         src = c.source();
     }
     s
+}
+
+/// Python methods on values (`.strip()`, `.items()`, …): minijinja-contrib's
+/// pycompat, with `str.title()` following Python's cased-character rule.
+fn py_methods(
+    state: &minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> std::result::Result<Value, minijinja::Error> {
+    if method == "title" && args.is_empty() {
+        if let Some(s) = value.as_str() {
+            return Ok(Value::from(py_title(s)));
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Python's `str.title()`: a cased character after an uncased one starts a word.
+fn py_title(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut prev_cased = false;
+    for c in s.chars() {
+        let cased = c.is_uppercase() || c.is_lowercase();
+        if cased {
+            if prev_cased {
+                out.extend(c.to_lowercase());
+            } else {
+                out.extend(c.to_uppercase());
+            }
+        } else {
+            out.push(c);
+        }
+        prev_cased = cased;
+    }
+    out
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
