@@ -217,6 +217,8 @@ pub struct TokenizerSummary {
     pub has_chat_template: bool,
     /// Where the template comes from (ChatML fallback when the model has none).
     pub chat_template: TemplateOrigin,
+    /// Set when the model's template does not compile.
+    pub chat_template_error: Option<String>,
 }
 
 impl std::fmt::Display for TokenizerSummary {
@@ -241,7 +243,10 @@ impl std::fmt::Display for TokenizerSummary {
         let stops: Vec<String> = self.stop_tokens.iter().map(|t| format!("{} {:?}", t.id, t.text)).collect();
         writeln!(f, "  stop tokens: {}", stops.join(", "))?;
         writeln!(f, "  special tokens: {}", self.n_special)?;
-        write!(f, "  chat template: {}", self.chat_template)
+        match &self.chat_template_error {
+            Some(e) => write!(f, "  chat template: INVALID: {e}"),
+            None => write!(f, "  chat template: {}", self.chat_template),
+        }
     }
 }
 
@@ -270,6 +275,8 @@ pub struct Tokenizer {
     use_post_processor: bool,
     chat_template: Option<ChatTemplate>,
     named_templates: Vec<(String, ChatTemplate)>,
+    /// Why the model's template could not be compiled, if it could not.
+    template_error: Option<String>,
     fallback_template: OnceLock<ChatTemplate>,
 }
 
@@ -279,7 +286,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("origin", &self.origin)
             .field("kind", &self.kind)
             .field("vocab_size", &self.pieces.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -362,14 +369,28 @@ impl Tokenizer {
             t.set_unk_pad(&unk_t, &pad_t);
             Ok(t)
         };
+        // A template that does not compile does not stop the tokenizer from
+        // loading (plain completion still works); rendering reports the error.
+        let mut template_error = None;
         let chat_template = match &b.chat_template {
-            Some(src) => Some(mk(src, b.template_origin.clone(), b.template_location.clone())?),
+            Some(src) => match mk(src, b.template_origin.clone(), b.template_location.clone()) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    template_error = Some(e.to_string());
+                    None
+                }
+            },
             None => None,
         };
         let mut named_templates = Vec::new();
         for (name, src) in &b.named_templates {
             let loc = format!("{} [{name}]", b.template_location);
-            named_templates.push((name.clone(), mk(src, b.template_origin.clone(), loc)?));
+            match mk(src, b.template_origin.clone(), loc) {
+                Ok(t) => named_templates.push((name.clone(), t)),
+                Err(e) => {
+                    template_error.get_or_insert(e.to_string());
+                }
+            }
         }
 
         let mut add_bos = b.add_bos;
@@ -406,6 +427,7 @@ impl Tokenizer {
             use_post_processor: b.use_post_processor,
             chat_template,
             named_templates,
+            template_error,
             fallback_template: OnceLock::new(),
         })
     }
@@ -522,15 +544,25 @@ impl Tokenizer {
         self.named_templates.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
-    /// The template `render_chat` uses: the model's, or ChatML when it has none.
-    pub fn effective_chat_template(&self) -> &ChatTemplate {
-        match &self.chat_template {
+    /// The template `render_chat` uses: the model's, or ChatML when it has
+    /// none. An error when the model has a template that does not compile
+    /// (never a silent fallback).
+    pub fn effective_chat_template(&self) -> Result<&ChatTemplate> {
+        if let Some(e) = &self.template_error {
+            return Err(Error::template(&self.origin, e.clone()));
+        }
+        Ok(match &self.chat_template {
             Some(t) => t,
             None => self.fallback_template.get_or_init(|| {
                 let text_of = |id: Option<u32>| id.and_then(|i| self.token_piece(i)).unwrap_or("");
                 ChatTemplate::chatml(text_of(self.bos), text_of(self.eos))
             }),
-        }
+        })
+    }
+
+    /// Why the model's chat template failed to compile, if it did.
+    pub fn chat_template_error(&self) -> Option<&str> {
+        self.template_error.as_deref()
     }
 
     /// Render OpenAI-style `messages` with the model's chat template (ChatML if
@@ -544,7 +576,7 @@ impl Tokenizer {
     pub fn render_chat_request(&self, req: &ChatRequest<'_>) -> Result<String> {
         let t = match (req.tools, self.named_chat_template("tool_use")) {
             (Some(_), Some(t)) => t,
-            _ => self.effective_chat_template(),
+            _ => self.effective_chat_template()?,
         };
         t.render(req)
     }
@@ -576,6 +608,7 @@ impl Tokenizer {
                 Some(t) => t.origin().clone(),
                 None => TemplateOrigin::ChatMlFallback,
             },
+            chat_template_error: self.template_error.clone(),
         }
     }
 }
