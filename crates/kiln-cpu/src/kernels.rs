@@ -21,13 +21,50 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ra.iter().zip(rb) {
         tail += x * y;
     }
+    reduce16(acc) + tail
+}
+
+#[inline(always)]
+fn reduce16(mut acc: [f32; 16]) -> f32 {
     for j in 0..8 {
         acc[j] += acc[j + 8];
     }
     for j in 0..4 {
         acc[j] += acc[j + 4];
     }
-    (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail
+    (acc[0] + acc[2]) + (acc[1] + acc[3])
+}
+
+/// Four rows against one vector: `[w0·x, w1·x, w2·x, w3·x]` (`x` is loaded
+/// once for the four rows). All slices have the same length.
+#[inline]
+pub fn dot4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    let n = x.len();
+    let mut acc = [[0.0f32; 8]; 4];
+    let full = n / 8 * 8;
+    let (w0, w1, w2, w3) = (&w[0][..n], &w[1][..n], &w[2][..n], &w[3][..n]);
+    let mut i = 0;
+    while i < full {
+        let xs = &x[i..i + 8];
+        let (a0, a1, a2, a3) = (&w0[i..i + 8], &w1[i..i + 8], &w2[i..i + 8], &w3[i..i + 8]);
+        for j in 0..8 {
+            acc[0][j] += a0[j] * xs[j];
+            acc[1][j] += a1[j] * xs[j];
+            acc[2][j] += a2[j] * xs[j];
+            acc[3][j] += a3[j] * xs[j];
+        }
+        i += 8;
+    }
+    let mut out = [0.0f32; 4];
+    for r in 0..4 {
+        let a = acc[r];
+        let mut s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        for k in full..n {
+            s += w[r][k] * x[k];
+        }
+        out[r] = s;
+    }
+    out
 }
 
 /// `y += a * x`
@@ -128,6 +165,20 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.3).cos()).collect();
             let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
             assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn dot4_matches_dot() {
+        for n in [1, 7, 8, 9, 64, 100] {
+            let rows: Vec<Vec<f32>> = (0..4)
+                .map(|r| (0..n).map(|i| ((i * 7 + r) as f32 * 0.11).sin()).collect())
+                .collect();
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.3).cos()).collect();
+            let got = dot4([&rows[0], &rows[1], &rows[2], &rows[3]], &x);
+            for r in 0..4 {
+                assert!((got[r] - dot(&rows[r], &x)).abs() < 1e-5);
+            }
         }
     }
 

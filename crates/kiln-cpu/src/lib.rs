@@ -301,7 +301,7 @@ impl CpuBackend {
         let locals = (0..pool.n_threads())
             .map(|_| {
                 Mutex::new(Local {
-                    row: vec![0.0; max_in],
+                    row: vec![0.0; 4 * max_in],
                     scores: vec![0.0; layout.max_ctx],
                 })
             })
@@ -359,28 +359,114 @@ fn matmul(
     n: usize,
     y: &mut [f32],
 ) {
-    let (rows, cols) = (w.rows(), w.cols());
-    debug_assert!(x.len() >= n * cols && y.len() >= n * rows);
+    let rows = w.rows();
+    debug_assert!(x.len() >= n * w.cols() && y.len() >= n * rows);
     let yp = SyncPtr(y.as_mut_ptr());
     let nt = pool.n_threads();
+    let avx2 = simd::has_avx2_fma();
     pool.run(&|tid| {
-        let (r0, r1) = (rows * tid / nt, rows * (tid + 1) / nt);
+        // Split on multiples of 4 rows.
+        let quads = rows.div_ceil(4);
+        let (r0, r1) = (
+            (quads * tid / nt * 4).min(rows),
+            (quads * (tid + 1) / nt * 4).min(rows),
+        );
         let Some(local) = locals.get(tid) else {
             return;
         };
         let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
-        let yp = yp;
-        for r in r0..r1 {
-            let row = w.row(m, r, &mut local.row);
-            let b = bias.map_or(0.0, |b| b[r]);
-            for t in 0..n {
-                let v = kernels::dot(row, &x[t * cols..(t + 1) * cols]) + b;
-                // SAFETY: row r of every token belongs to this thread alone,
-                // and t * rows + r < n * rows <= y.len().
-                unsafe { *yp.0.add(t * rows + r) = v };
-            }
+        let job = RowJob {
+            m,
+            w,
+            bias,
+            x,
+            n,
+            y: yp,
+            r0,
+            r1,
+        };
+        if avx2 {
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                simd::rows_avx2(&job, &mut local.row)
+            };
+        } else {
+            job.run(&mut local.row);
         }
     });
+}
+
+/// Rows `r0..r1` of one matmul.
+struct RowJob<'a> {
+    m: &'a Model,
+    w: &'a Mat,
+    bias: Option<&'a [f32]>,
+    x: &'a [f32],
+    n: usize,
+    y: SyncPtr,
+    r0: usize,
+    r1: usize,
+}
+
+impl RowJob<'_> {
+    #[inline(always)]
+    fn run(&self, scratch: &mut [f32]) {
+        let (rows, cols, n) = (self.w.rows(), self.w.cols(), self.n);
+        let yp = self.y;
+        let b = |r: usize| self.bias.map_or(0.0, |b| b[r]);
+        let mut r = self.r0;
+        // Four rows at a time: decode them into scratch, then dot each token.
+        while r + 4 <= self.r1 {
+            let (s01, s23) = scratch[..4 * cols].split_at_mut(2 * cols);
+            let (s0, s1) = s01.split_at_mut(cols);
+            let (s2, s3) = s23.split_at_mut(cols);
+            let w0 = self.w.row(self.m, r, s0);
+            let w1 = self.w.row(self.m, r + 1, s1);
+            let w2 = self.w.row(self.m, r + 2, s2);
+            let w3 = self.w.row(self.m, r + 3, s3);
+            for t in 0..n {
+                let v = kernels::dot4([w0, w1, w2, w3], &self.x[t * cols..(t + 1) * cols]);
+                for (k, v) in v.iter().enumerate() {
+                    // SAFETY: rows r0..r1 of every token belong to this
+                    // thread alone; t * rows + r + k < n * rows <= y.len().
+                    unsafe { *yp.0.add(t * rows + r + k) = v + b(r + k) };
+                }
+            }
+            r += 4;
+        }
+        while r < self.r1 {
+            let row = self.w.row(self.m, r, &mut scratch[..cols]);
+            for t in 0..n {
+                let v = kernels::dot(row, &self.x[t * cols..(t + 1) * cols]) + b(r);
+                // SAFETY: as above.
+                unsafe { *yp.0.add(t * rows + r) = v };
+            }
+            r += 1;
+        }
+    }
+}
+
+mod simd {
+    /// Whether the AVX2+FMA build of the row loop can run here.
+    pub fn has_avx2_fma() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The same scalar code, compiled for AVX2 (8-wide vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_avx2(job: &super::RowJob<'_>, scratch: &mut [f32]) {
+        job.run(scratch)
+    }
 }
 
 impl Backend for CpuBackend {

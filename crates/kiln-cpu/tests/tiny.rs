@@ -40,7 +40,11 @@ fn greedy(path: &Path, r: &Arrays, tol: f32) -> f32 {
         let row = &seq[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
         let d = max_abs(&logits, row);
         worst = worst.max(d);
-        assert!(d <= tol, "{}: step {i}: logits differ by {d}", path.display());
+        assert!(
+            d <= tol,
+            "{}: step {i}: logits differ by {d}",
+            path.display()
+        );
         assert_eq!(argmax(&logits), want, "{}: step {i}", path.display());
         logits = e.decode(0, want).unwrap().to_vec();
     }
@@ -114,4 +118,34 @@ fn gpt2() {
 #[test]
 fn llama_kq() {
     check_quant("llama_kq", &["q4_k", "q6_k", "q4_k_m"]);
+}
+
+/// Two sequences decoded in the same batches: the reference sequence still
+/// matches step by step while another one shares every forward call.
+#[test]
+fn batch_of_sequences() {
+    for name in ["qwen3", "gemma3"] {
+        let dir = fixtures().join("tiny").join(name);
+        let r = Arrays::open(&dir.join("ref_hf.safetensors"));
+        let prompt = r.ids("prompt_ids");
+        let gen = r.ids("generated_ids");
+        let (shape, seq) = r.f32("gen_seq_logits");
+        let v = shape[1];
+        let mut o = opts();
+        o.max_seqs = 3;
+        let mut e = engine(&dir.join("hf"), o, 2);
+        e.prefill(1, &[9, 8, 7, 6, 5, 4, 3, 200, 201, 202, 203])
+            .unwrap();
+        let mut logits = e.prefill(0, &prompt).unwrap().to_vec();
+        let mut other = 11u32;
+        for (i, &want) in gen.iter().enumerate() {
+            let row = &seq[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+            let d = max_abs(&logits, row);
+            assert!(d <= 1e-4, "{name} step {i}: {d}");
+            assert_eq!(argmax(&logits), want);
+            let l = e.decode_batch(&[(1, other), (0, want)]).unwrap();
+            other = argmax(&l[..v]);
+            logits = l[v..2 * v].to_vec();
+        }
+    }
 }

@@ -15,9 +15,21 @@ pub fn fixtures() -> PathBuf {
 pub fn engine(path: &Path, opts: EngineOptions, threads: usize) -> Engine<CpuBackend> {
     let model = Arc::new(Model::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
     let desc = ArchDescriptor::from_model(&model).unwrap();
-    let layout = KvLayout::plan(&desc, opts.ctx, opts.max_seqs, opts.block_size, opts.max_chunk);
-    let backend = CpuBackend::new(model, desc, layout.clone(), opts.max_chunk, CpuOptions { threads })
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let layout = KvLayout::plan(
+        &desc,
+        opts.ctx,
+        opts.max_seqs,
+        opts.block_size,
+        opts.max_chunk,
+    );
+    let backend = CpuBackend::new(
+        model,
+        desc,
+        layout.clone(),
+        opts.max_chunk,
+        CpuOptions { threads },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Engine::new(backend, layout)
 }
 
@@ -59,7 +71,10 @@ impl Arrays {
 
 pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn argmax(x: &[f32]) -> u32 {
