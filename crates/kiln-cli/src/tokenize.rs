@@ -1,15 +1,93 @@
-//! `kiln tokenize` (owned by the tokenizer work; see kiln-tokenizer).
+//! `kiln tokenize`: show how a model's tokenizer splits a text, or render a
+//! conversation with the model's chat template and tokenize the result.
+//!
+//! ```text
+//! kiln tokenize MODEL "Hello world"            # one line per token: id and piece
+//! kiln tokenize MODEL "Hello world" --json     # {"ids": [...], "pieces": [...]}
+//! kiln tokenize MODEL --chat conversation.json # rendered text, then the tokens
+//! ```
+//!
+//! The chat file holds OpenAI-style messages: a bare array or an object with a
+//! `messages` array (and optionally `tools`).
+
+use std::path::PathBuf;
+
+use kiln_tokenizer::{chat::messages_from_json, ChatRequest, Tokenizer};
 
 use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF file or Hugging Face model folder.
-    pub model: std::path::PathBuf,
+    /// GGUF file, Hugging Face model folder, or tokenizer.json.
+    pub model: PathBuf,
     /// Text to tokenize.
     pub text: Option<String>,
+    /// Render this conversation (OpenAI messages JSON: an array, or {"messages": [...], "tools": [...]})
+    /// with the model's chat template, then tokenize it.
+    #[arg(long, value_name = "FILE", conflicts_with = "text")]
+    pub chat: Option<PathBuf>,
+    /// With --chat: do not append the assistant turn header.
+    #[arg(long, requires = "chat")]
+    pub no_generation_prompt: bool,
+    /// Do not add the model's BOS/EOS tokens.
+    #[arg(long)]
+    pub no_add_special: bool,
+    /// Treat special-token text (e.g. "<|im_end|>") as plain text.
+    #[arg(long)]
+    pub no_parse_special: bool,
+    /// Print JSON: {"ids": [...], "pieces": [...]} (with --chat also "text").
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> CliResult {
-    Err("kiln tokenize is not implemented yet".into())
+pub fn run(args: Args) -> CliResult {
+    let tok = Tokenizer::load(&args.model)?;
+    let (rendered, ids) = match (&args.chat, &args.text) {
+        (Some(file), _) => {
+            let raw = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&raw).map_err(|e| format!("{}: not valid JSON: {e}", file.display()))?;
+            let messages = messages_from_json(&json).map_err(|e| format!("{}: {e}", file.display()))?;
+            let req = ChatRequest {
+                messages,
+                tools: json.get("tools").filter(|t| !t.is_null()),
+                add_generation_prompt: !args.no_generation_prompt,
+                extra: None,
+            };
+            let text = tok.render_chat_request(&req)?;
+            let ids = if args.no_add_special {
+                tok.encode(&text, false, !args.no_parse_special)?
+            } else {
+                tok.encode_chat_prompt(&text)?
+            };
+            (Some(text), ids)
+        }
+        (None, Some(text)) => (None, tok.encode(text, !args.no_add_special, !args.no_parse_special)?),
+        (None, None) => return Err("give a TEXT to tokenize or --chat FILE".into()),
+    };
+    let pieces: Vec<&str> = ids.iter().map(|&i| tok.token_piece(i).unwrap_or("")).collect();
+    if args.json {
+        let mut out = serde_json::json!({ "ids": ids, "pieces": pieces });
+        if let Some(t) = rendered {
+            out["text"] = serde_json::Value::String(t);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    if let Some(t) = &rendered {
+        println!("{t}");
+        println!("----");
+    }
+    for (id, piece) in ids.iter().zip(&pieces) {
+        let mark = if tok.is_eos(*id) {
+            "  (stop)"
+        } else if tok.is_special(*id) {
+            "  (special)"
+        } else {
+            ""
+        };
+        println!("{id:>8}  {piece:?}{mark}");
+    }
+    println!("{} tokens", ids.len());
+    Ok(())
 }

@@ -460,6 +460,19 @@ impl Tokenizer {
         }
     }
 
+    /// Encode a rendered chat prompt: special tokens are parsed, and the BOS
+    /// is added when the model adds one, unless the template already wrote it
+    /// (no double BOS). No EOS is added.
+    pub fn encode_chat_prompt(&self, rendered: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(rendered, false, true)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
     /// Decode ids to text; `skip_special` drops special (control) tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.hf
