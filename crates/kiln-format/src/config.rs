@@ -429,7 +429,7 @@ fn per_layer_int(v: &Value) -> Option<i128> {
 fn infer_head_dim(g: &Gguf, n_heads: usize) -> Option<usize> {
     let t = g.tensor("blk.0.attn_q.weight")?;
     let out = *t.ne.get(1)? as usize;
-    (out % n_heads == 0).then_some(out / n_heads)
+    out.is_multiple_of(n_heads).then_some(out / n_heads)
 }
 
 /// Gemma's pattern n: every n-th layer (1-based) is global, the rest slide.
@@ -629,7 +629,7 @@ impl ModelConfig {
     /// Cross-field checks; each error names the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let f = Fields { path };
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(f.invalid(
                 "num_key_value_heads",
                 format!(
@@ -641,16 +641,16 @@ impl ModelConfig {
         if self.head_dim == 0 || self.head_dim > 4096 {
             return Err(f.invalid("head_dim", format!("{} is out of range", self.head_dim)));
         }
-        if self.arch == Arch::Gpt2 || self.arch == Arch::Bert {
-            if self.hidden_size % self.n_heads != 0 {
-                return Err(f.invalid(
-                    "num_attention_heads",
-                    format!(
-                        "hidden size {} is not divisible by {} heads",
-                        self.hidden_size, self.n_heads
-                    ),
-                ));
-            }
+        if (self.arch == Arch::Gpt2 || self.arch == Arch::Bert)
+            && !self.hidden_size.is_multiple_of(self.n_heads)
+        {
+            return Err(f.invalid(
+                "num_attention_heads",
+                format!(
+                    "hidden size {} is not divisible by {} heads",
+                    self.hidden_size, self.n_heads
+                ),
+            ));
         }
         if let Some(r) = &self.rope {
             if r.dim == 0 || r.dim % 2 != 0 || r.dim > self.head_dim {

@@ -1,8 +1,8 @@
 //! One view of a model whatever its format: config, canonical tensors, bytes.
 //!
 //! [`Model::open`] takes a GGUF file or a Hugging Face folder (`config.json`
-//! + one `.safetensors` file or shards listed in `model.safetensors.index.json`).
-//! After it returns, nothing downstream needs to know which it was: names are
+//! plus one `.safetensors` file or shards listed in
+//! `model.safetensors.index.json`). After it returns, nothing downstream needs to know which it was: names are
 //! canonical, shapes row-major, and the format quirks are fields of
 //! [`ModelConfig`] or flags on [`ModelTensor`].
 
@@ -290,7 +290,10 @@ fn safetensors_type(d: safetensors::Dtype) -> TensorType {
 
 /// The safetensors files of a folder: the shards named by the index, or the
 /// single `model.safetensors` (or the only `*.safetensors`).
-fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<HashMap<String, String>>)> {
+/// Tensor name → shard file name, from `model.safetensors.index.json`.
+type WeightMap = HashMap<String, String>;
+
+fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
         let idx = read_json(&index_path)?;
@@ -489,11 +492,7 @@ fn open_hf_dir(dir: &Path) -> Result<Model> {
         });
     }
     let mut config = config;
-    if tensors.iter().any(|t| t.name == "output.weight") {
-        config.tied_embeddings = false;
-    } else {
-        config.tied_embeddings = true;
-    }
+    config.tied_embeddings = !tensors.iter().any(|t| t.name == "output.weight");
     let mut m = Model::assemble(dir.to_path_buf(), Format::Safetensors, config, tensors)?;
     m.files = files;
     m.hf_config = Some(hf_config);

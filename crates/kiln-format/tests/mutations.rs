@@ -156,7 +156,6 @@ fn walk(b: &[u8]) -> Layout_ {
     let n_kv = rd64(16);
     let mut p = 24;
     fn value(
-        b: &[u8],
         p: &mut usize,
         ty: usize,
         l: &mut Layout_,
@@ -179,7 +178,7 @@ fn walk(b: &[u8]) -> Layout_ {
                 let n = rd64(*p + 4);
                 *p += 12;
                 for _ in 0..n {
-                    value(b, p, et, l, rd64, rd32);
+                    value(p, et, l, rd64, rd32);
                 }
             }
             _ => unreachable!(),
@@ -191,7 +190,7 @@ fn walk(b: &[u8]) -> Layout_ {
         l.u32_fields.push(p);
         let ty = rd32(p);
         p += 4;
-        value(b, &mut p, ty, &mut l, &rd64, &rd32);
+        value(&mut p, ty, &mut l, &rd64, &rd32);
     }
     for _ in 0..n_t {
         l.u64_fields.push(p);

@@ -304,7 +304,7 @@ pub(super) fn parse(path: PathBuf, storage: Storage) -> Result<Gguf> {
     let mut prev_name: Option<&str> = None;
     for &i in &by_offset {
         let t = &tensors[i];
-        let end = t.offset.checked_add(t.n_bytes).unwrap_or(u64::MAX);
+        let end = t.offset.saturating_add(t.n_bytes);
         if end > data_len {
             return Err(FormatError::malformed(
                 &path,

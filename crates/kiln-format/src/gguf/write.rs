@@ -75,7 +75,7 @@ impl GgufWriter {
                 ne.len()
             )));
         }
-        if ne[0] % ty.block_size() as u64 != 0 {
+        if !ne[0].is_multiple_of(ty.block_size() as u64) {
             return Err(bad(format!(
                 "row length {} is not a multiple of the {ty} block size",
                 ne[0]
