@@ -3,6 +3,7 @@
 
 mod default_model;
 mod inspect;
+mod run;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Tokenize text (or render a chat) with a model's tokenizer.
     Tokenize(tokenize::Args),
+    /// Generate text from a prompt (streams to stdout, stats to stderr).
+    Run(run::Args),
 }
 
 /// Errors reaching `main` are printed as one line each (with their causes) and
@@ -46,6 +49,7 @@ fn main() {
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Run(a) => run::run(a),
     };
     if let Err(e) = result {
         eprintln!("kiln: error: {e}");
