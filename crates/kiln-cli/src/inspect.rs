@@ -30,7 +30,24 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> CliResult {
-    let model = Model::open(&args.path)?;
+    let model = match Model::open(&args.path) {
+        Ok(m) => m,
+        // Still describe a valid file that is not a runnable model (a
+        // vocab-only GGUF, a bare .safetensors of reference arrays).
+        Err(e) => match raw::open(&args.path) {
+            Some(raw) => {
+                let reason = e.to_string();
+                let out = if args.json {
+                    serde_json::to_string_pretty(&raw.to_json(&reason))? + "\n"
+                } else {
+                    raw.render(&reason)
+                };
+                crate::write_stdout(&out)?;
+                return Ok(());
+            }
+            None => return Err(e.into()),
+        },
+    };
     let report = Report::new(&model);
     if args.json {
         crate::write_stdout(&(serde_json::to_string_pretty(&report.to_json(&model))? + "\n"))?;
@@ -38,6 +55,105 @@ pub fn run(args: Args) -> CliResult {
         crate::write_stdout(&report.render(&model, args.all_metadata))?;
     }
     Ok(())
+}
+
+/// Files that parse but are not models kiln can run.
+mod raw {
+    use std::path::Path;
+
+    use kiln_format::gguf::Gguf;
+    use serde_json::{json, Value as Json};
+
+    pub struct Raw {
+        format: String,
+        metadata: Vec<(String, String, Json)>,
+        /// (name, type, shape row-major, bytes)
+        tensors: Vec<(String, String, Vec<u64>, u64)>,
+    }
+
+    pub fn open(path: &Path) -> Option<Raw> {
+        if let Ok(g) = Gguf::open(path) {
+            return Some(Raw {
+                format: format!("GGUF v{}", g.version),
+                metadata: g
+                    .metadata()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_string(), super::value_json(v)))
+                    .collect(),
+                tensors: g
+                    .tensors()
+                    .iter()
+                    .map(|t| (t.name.clone(), t.ty.to_string(), t.shape(), t.n_bytes))
+                    .collect(),
+            });
+        }
+        let bytes = std::fs::read(path).ok()?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).ok()?;
+        let mut tensors: Vec<_> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| {
+                let shape = v.shape().iter().map(|&d| d as u64).collect();
+                (n, format!("{:?}", v.dtype()), shape, v.data().len() as u64)
+            })
+            .collect();
+        tensors.sort();
+        Some(Raw {
+            format: "safetensors file".into(),
+            metadata: Vec::new(),
+            tensors,
+        })
+    }
+
+    impl Raw {
+        pub fn render(&self, reason: &str) -> String {
+            let mut out = format!(
+                "format:        {}\nmodel:         not runnable by kiln: {reason}\n",
+                self.format
+            );
+            if !self.metadata.is_empty() {
+                out += &format!("\nmetadata ({} keys):\n", self.metadata.len());
+                for (k, shown, _) in &self.metadata {
+                    out += &format!("  {k:<44} {shown}\n");
+                }
+            }
+            out += &format!("\ntensors ({}):\n", self.tensors.len());
+            for (n, ty, shape, bytes) in &self.tensors {
+                out += &format!(
+                    "  {n:<32} {ty:<9} {:<22} {bytes:>12}\n",
+                    format!("{shape:?}")
+                );
+            }
+            let total: u64 = self.tensors.iter().map(|t| t.3).sum();
+            out += &format!(
+                "\ntotals:\n  {} tensors, {total} bytes\n",
+                self.tensors.len()
+            );
+            out
+        }
+
+        pub fn to_json(&self, reason: &str) -> Json {
+            let meta: serde_json::Map<String, Json> = self
+                .metadata
+                .iter()
+                .map(|(k, _, j)| (k.clone(), j.clone()))
+                .collect();
+            let tensors: Vec<Json> = self
+                .tensors
+                .iter()
+                .map(|(n, ty, shape, b)| json!({"name": n, "type": ty, "shape": shape, "bytes": b}))
+                .collect();
+            json!({
+                "format": self.format,
+                "architecture": meta.get("general.architecture"),
+                "config": null,
+                "model_error": reason,
+                "metadata": meta,
+                "tensors": tensors,
+                "totals": {"tensors": self.tensors.len(), "bytes": self.tensors.iter().map(|t| t.3).sum::<u64>()},
+            })
+        }
+    }
 }
 
 /// What `inspect` derives beyond the model's own fields.

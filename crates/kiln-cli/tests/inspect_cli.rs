@@ -31,7 +31,7 @@ fn inspect_ok(path: &Path) -> serde_json::Value {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("architecture:") && text.contains("totals:"),
+        text.contains("format:") && text.contains("totals:"),
         "{}",
         path.display()
     );
@@ -67,6 +67,32 @@ fn inspects_every_fixture() {
         }
     }
     assert!(n >= 36, "{n}");
+}
+
+/// Valid files that are not runnable models (vocab-only GGUFs, reference
+/// arrays) are still described, with the reason they cannot run.
+#[test]
+fn inspects_non_model_fixtures() {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures().join("tokenizer/llamacpp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    paths.push(fixtures().join("tiny/llama/ref_hf.safetensors"));
+    paths.push(fixtures().join("real/minilm/embeddings.safetensors"));
+    assert!(paths.len() >= 6);
+    for p in paths {
+        let j = inspect_ok(&p);
+        assert!(j["tensors"].is_array(), "{}", p.display());
+        if p.extension().is_some_and(|e| e == "gguf") {
+            assert!(
+                j["metadata"]["tokenizer.ggml.model"].is_string(),
+                "{}",
+                p.display()
+            );
+        }
+    }
 }
 
 #[test]
