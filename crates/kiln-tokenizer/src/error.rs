@@ -23,6 +23,8 @@ pub enum Error {
     Tokenize { origin: String, message: String },
     /// A chat template failed to compile or to render.
     Template { origin: String, message: String },
+    /// The messages given to a chat template are malformed.
+    Request(String),
 }
 
 /// Shorthand for results of this crate.
@@ -66,10 +68,17 @@ impl fmt::Display for Error {
         match self {
             Error::Format(e) => write!(f, "{e}"),
             Error::Io { path, source } => write!(f, "{path}: {source}"),
-            Error::Invalid { origin, message } => write!(f, "{origin}: invalid tokenizer: {message}"),
+            Error::Invalid { origin, message } => {
+                write!(f, "{origin}: invalid tokenizer: {message}")
+            }
             Error::Unsupported { origin, message } => write!(f, "{origin}: unsupported: {message}"),
-            Error::Tokenize { origin, message } => write!(f, "{origin}: tokenizer error: {message}"),
-            Error::Template { origin, message } => write!(f, "{origin}: chat template error: {message}"),
+            Error::Tokenize { origin, message } => {
+                write!(f, "{origin}: tokenizer error: {message}")
+            }
+            Error::Template { origin, message } => {
+                write!(f, "{origin}: chat template error: {message}")
+            }
+            Error::Request(m) => write!(f, "invalid chat request: {m}"),
         }
     }
 }
@@ -78,7 +87,6 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Format(e) => Some(e),
-            Error::Io { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -138,10 +138,19 @@ impl<'a> Meta<'a> {
                 Some(s) => Ok(Some(s)),
                 None => Err(self.err(
                     key,
-                    format!("expected an array of strings, found an array of {}", a.element_type().name()),
+                    format!(
+                        "expected an array of strings, found an array of {}",
+                        a.element_type().name()
+                    ),
                 )),
             },
-            Some(v) => Err(self.err(key, format!("expected an array of strings, found {}", v.value_type().name()))),
+            Some(v) => Err(self.err(
+                key,
+                format!(
+                    "expected an array of strings, found {}",
+                    v.value_type().name()
+                ),
+            )),
         }
     }
 
@@ -149,7 +158,10 @@ impl<'a> Meta<'a> {
         match self.g.get(key) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(Some(a)),
-            Some(v) => Err(self.err(key, format!("expected an array, found {}", v.value_type().name()))),
+            Some(v) => Err(self.err(
+                key,
+                format!("expected an array, found {}", v.value_type().name()),
+            )),
         }
     }
 
@@ -158,7 +170,10 @@ impl<'a> Meta<'a> {
             None => Ok(None),
             Some(v) => match v.as_str() {
                 Some(s) => Ok(Some(s)),
-                None => Err(self.err(key, format!("expected a string, found {}", v.value_type().name()))),
+                None => Err(self.err(
+                    key,
+                    format!("expected a string, found {}", v.value_type().name()),
+                )),
             },
         }
     }
@@ -169,7 +184,10 @@ impl<'a> Meta<'a> {
             Some(v) => match (v.as_bool(), v.as_int()) {
                 (Some(b), _) => Ok(Some(b)),
                 (None, Some(i)) => Ok(Some(i != 0)),
-                _ => Err(self.err(key, format!("expected a bool, found {}", v.value_type().name()))),
+                _ => Err(self.err(
+                    key,
+                    format!("expected a bool, found {}", v.value_type().name()),
+                )),
             },
         }
     }
@@ -186,7 +204,10 @@ impl<'a> Meta<'a> {
                     key,
                     format!("token id {i} is outside the vocabulary (size {n_vocab})"),
                 )),
-                None => Err(self.err(key, format!("expected an integer, found {}", v.value_type().name()))),
+                None => Err(self.err(
+                    key,
+                    format!("expected an integer, found {}", v.value_type().name()),
+                )),
             },
         }
     }
@@ -201,9 +222,12 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
     let model = m
         .str("tokenizer.ggml.model")?
         .ok_or_else(|| Error::invalid(&m.origin, "missing key tokenizer.ggml.model"))?;
-    let raw_tokens = m
-        .strings("tokenizer.ggml.tokens")?
-        .ok_or_else(|| Error::invalid(&m.origin, "missing key tokenizer.ggml.tokens (the vocabulary)"))?;
+    let raw_tokens = m.strings("tokenizer.ggml.tokens")?.ok_or_else(|| {
+        Error::invalid(
+            &m.origin,
+            "missing key tokenizer.ggml.tokens (the vocabulary)",
+        )
+    })?;
     if raw_tokens.is_empty() {
         return Err(m.err("tokenizer.ggml.tokens", "the vocabulary is empty"));
     }
@@ -215,7 +239,13 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
     let tokens: Vec<String> = raw_tokens
         .iter()
         .enumerate()
-        .map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t.clone() })
+        .map(|(i, t)| {
+            if t.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                t.clone()
+            }
+        })
         .collect();
     let mut index: HashMap<&str, u32> = HashMap::with_capacity(n);
     for (i, t) in tokens.iter().enumerate() {
@@ -231,7 +261,10 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
         None => None,
         Some(a) => {
             let v = a.to_f32_vec().ok_or_else(|| {
-                m.err("tokenizer.ggml.scores", format!("expected numbers, found {}", a.element_type().name()))
+                m.err(
+                    "tokenizer.ggml.scores",
+                    format!("expected numbers, found {}", a.element_type().name()),
+                )
             })?;
             if v.len() != n {
                 return Err(m.err(
@@ -246,7 +279,10 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
         None => vec![token_type::NORMAL; n],
         Some(a) => {
             let v = a.to_i64_vec().ok_or_else(|| {
-                m.err("tokenizer.ggml.token_type", format!("expected integers, found {}", a.element_type().name()))
+                m.err(
+                    "tokenizer.ggml.token_type",
+                    format!("expected integers, found {}", a.element_type().name()),
+                )
             })?;
             if v.len() != n {
                 return Err(m.err(
@@ -261,7 +297,10 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
     let mut b = Built::new(m.origin.clone());
     b.n_vocab = n;
     b.gguf_model = Some(model.to_string());
-    let pre = m.str("tokenizer.ggml.pre")?.unwrap_or("default").to_string();
+    let pre = m
+        .str("tokenizer.ggml.pre")?
+        .unwrap_or("default")
+        .to_string();
 
     // llama.cpp's defaults per vocabulary kind; keys override them below.
     let (def_bos, def_eos, def_unk, def_add_bos, add_space_default): (
@@ -316,15 +355,14 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
             b.extra_stop.push(i);
         }
     }
-    b.add_bos = m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(def_add_bos);
+    b.add_bos = m
+        .bool("tokenizer.ggml.add_bos_token")?
+        .unwrap_or(def_add_bos);
     b.add_eos = m.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let add_space_prefix = m
         .bool("tokenizer.ggml.add_space_prefix")?
         .unwrap_or(add_space_default);
-    b.chat_template = match m.str("tokenizer.chat_template")? {
-        Some(t) => Some(t.to_string()),
-        None => None,
-    };
+    b.chat_template = m.str("tokenizer.chat_template")?.map(|t| t.to_string());
     // Named variants (tokenizer.chat_template.<name>), e.g. "tool_use".
     for (k, v) in g.metadata() {
         if let Some(name) = k.strip_prefix("tokenizer.chat_template.") {
@@ -362,9 +400,12 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
     let mut tk: tokenizers::Tokenizer;
     match model {
         "gpt2" => {
-            let merges_raw = m
-                .strings("tokenizer.ggml.merges")?
-                .ok_or_else(|| Error::invalid(&m.origin, "missing key tokenizer.ggml.merges (a gpt2 BPE vocabulary needs merges)"))?;
+            let merges_raw = m.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
+                Error::invalid(
+                    &m.origin,
+                    "missing key tokenizer.ggml.merges (a gpt2 BPE vocabulary needs merges)",
+                )
+            })?;
             let mut merges = Vec::with_capacity(merges_raw.len());
             for (i, mg) in merges_raw.iter().enumerate() {
                 // llama.cpp splits at the first space after the first byte.
@@ -373,7 +414,12 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
                     .skip(1)
                     .position(|c| c == b' ')
                     .map(|p| p + 1)
-                    .ok_or_else(|| m.err("tokenizer.ggml.merges", format!("merge #{i} {mg:?} is not two tokens separated by a space")))?;
+                    .ok_or_else(|| {
+                        m.err(
+                            "tokenizer.ggml.merges",
+                            format!("merge #{i} {mg:?} is not two tokens separated by a space"),
+                        )
+                    })?;
                 let (l, r) = (&mg[..pos], &mg[pos + 1..]);
                 for part in [l, r] {
                     if !index.contains_key(part) {
@@ -387,16 +433,24 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
                 if !index.contains_key(joined.as_str()) {
                     return Err(m.err(
                         "tokenizer.ggml.merges",
-                        format!("merge #{i} {mg:?} produces {joined:?}, which is not in the vocabulary"),
+                        format!(
+                            "merge #{i} {mg:?} produces {joined:?}, which is not in the vocabulary"
+                        ),
                     ));
                 }
                 merges.push((l.to_string(), r.to_string()));
             }
             let (regexes, ignore_merges) = pre_tokenizer_regexes(&pre).ok_or_else(|| {
-                Error::unsupported(&m.origin, format!("tokenizer.ggml.pre '{pre}' (pre-tokenizer) is not known to kiln"))
+                Error::unsupported(
+                    &m.origin,
+                    format!("tokenizer.ggml.pre '{pre}' (pre-tokenizer) is not known to kiln"),
+                )
             })?;
-            let vocab: ahash::AHashMap<String, u32> =
-                tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+            let vocab: ahash::AHashMap<String, u32> = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.clone(), i as u32))
+                .collect();
             let bpe = BPE::builder()
                 .vocab_and_merges(vocab, merges)
                 .ignore_merges(ignore_merges)
@@ -405,8 +459,14 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
             tk = tokenizers::Tokenizer::new(bpe);
             let mut pres: Vec<PreTokenizerWrapper> = Vec::new();
             for re in regexes {
-                let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(|e| Error::invalid(&m.origin, format!("pre-tokenizer regex for '{pre}': {e}")))?;
+                let split = Split::new(
+                    SplitPattern::Regex(re.to_string()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| {
+                    Error::invalid(&m.origin, format!("pre-tokenizer regex for '{pre}': {e}"))
+                })?;
                 pres.push(split.into());
             }
             pres.push(ByteLevel::new(false, false, false).into());
@@ -417,11 +477,17 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
         }
         "llama" => {
             let scores = scores.ok_or_else(|| {
-                Error::invalid(&m.origin, "missing key tokenizer.ggml.scores (a SentencePiece vocabulary needs scores)")
+                Error::invalid(
+                    &m.origin,
+                    "missing key tokenizer.ggml.scores (a SentencePiece vocabulary needs scores)",
+                )
             })?;
             let merges = spm_merges(&tokens, &scores, &index);
-            let vocab: ahash::AHashMap<String, u32> =
-                tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+            let vocab: ahash::AHashMap<String, u32> = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.clone(), i as u32))
+                .collect();
             let mut builder = BPE::builder()
                 .vocab_and_merges(vocab, merges)
                 .byte_fallback(true)
@@ -433,7 +499,8 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
                 .build()
                 .map_err(|e| Error::invalid(&m.origin, format!("SentencePiece vocabulary: {e}")))?;
             tk = tokenizers::Tokenizer::new(bpe);
-            let replace = Replace::new(" ", "▁").map_err(|e| Error::invalid(&m.origin, e.to_string()))?;
+            let replace =
+                Replace::new(" ", "▁").map_err(|e| Error::invalid(&m.origin, e.to_string()))?;
             let norm: NormalizerWrapper = if add_space_prefix {
                 NormSequence::new(vec![Prepend::new("▁".to_string()).into(), replace.into()]).into()
             } else {
@@ -443,7 +510,8 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
             let unescape = tokenizers::decoders::DecoderWrapper::Replace(
                 Replace::new("▁", " ").map_err(|e| Error::invalid(&m.origin, e.to_string()))?,
             );
-            let mut decs: Vec<DecoderWrapper> = vec![unescape, ByteFallback::new().into(), Fuse::new().into()];
+            let mut decs: Vec<DecoderWrapper> =
+                vec![unescape, ByteFallback::new().into(), Fuse::new().into()];
             if add_space_prefix {
                 decs.push(Strip::new(' ', 1, 0).into());
             }
@@ -466,10 +534,9 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
                 };
                 vocab.entry(hf).or_insert(i as u32);
             }
-            let unk = b
-                .unk
-                .map(|u| tokens[u as usize].clone())
-                .ok_or_else(|| Error::invalid(&m.origin, "a bert vocabulary needs an unknown token"))?;
+            let unk = b.unk.map(|u| tokens[u as usize].clone()).ok_or_else(|| {
+                Error::invalid(&m.origin, "a bert vocabulary needs an unknown token")
+            })?;
             let wp = WordPiece::builder()
                 .vocab(vocab)
                 .unk_token(unk)
@@ -488,20 +555,29 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
             b.suffix = sep.into_iter().collect();
         }
         other => {
-            return Err(Error::unsupported(&m.origin, format!("tokenizer.ggml.model '{other}'")))
+            return Err(Error::unsupported(
+                &m.origin,
+                format!("tokenizer.ggml.model '{other}'"),
+            ))
         }
     }
     tk.add_tokens(&added);
     if b.add_bos {
-        let bos = b
-            .bos
-            .ok_or_else(|| Error::invalid(&m.origin, "tokenizer.ggml.add_bos_token is set but there is no BOS token"))?;
+        let bos = b.bos.ok_or_else(|| {
+            Error::invalid(
+                &m.origin,
+                "tokenizer.ggml.add_bos_token is set but there is no BOS token",
+            )
+        })?;
         b.prefix.push(bos);
     }
     if b.add_eos {
-        let eos = b
-            .eos
-            .ok_or_else(|| Error::invalid(&m.origin, "tokenizer.ggml.add_eos_token is set but there is no EOS token"))?;
+        let eos = b.eos.ok_or_else(|| {
+            Error::invalid(
+                &m.origin,
+                "tokenizer.ggml.add_eos_token is set but there is no EOS token",
+            )
+        })?;
         b.suffix.push(eos);
     }
     b.pieces = tokens;
@@ -514,7 +590,11 @@ pub(crate) fn build(g: &Gguf) -> Result<Built> {
 /// score-driven merging): every split of a token into two tokens is a merge,
 /// ranked by the merged token's score (descending; stable), ties within a
 /// token by the pieces' scores.
-fn spm_merges(tokens: &[String], scores: &[f32], index: &HashMap<&str, u32>) -> Vec<(String, String)> {
+fn spm_merges(
+    tokens: &[String],
+    scores: &[f32],
+    index: &HashMap<&str, u32>,
+) -> Vec<(String, String)> {
     let mut merges: Vec<(u32, u32, f32)> = Vec::new();
     let mut local: Vec<(u32, u32, f32)> = Vec::new();
     for (i, tok) in tokens.iter().enumerate() {

@@ -12,7 +12,13 @@ use crate::error::{Error, Result};
 use crate::{Built, ModelKind};
 
 /// Special-token names tried when no config names BOS / EOS.
-const BOS_GUESSES: &[&str] = &["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]"];
+const BOS_GUESSES: &[&str] = &[
+    "<|begin_of_text|>",
+    "<s>",
+    "<bos>",
+    "<|startoftext|>",
+    "[CLS]",
+];
 const EOS_GUESSES: &[&str] = &["<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "[SEP]"];
 
 /// Build from the text of a `tokenizer.json`; `origin` names it in errors.
@@ -33,17 +39,28 @@ pub(crate) fn build_from_json(bytes: &[u8], origin: &str) -> Result<Built> {
     let max_added = added.keys().map(|&k| k as usize + 1).max().unwrap_or(0);
     let n = model_n.max(max_added);
     b.n_vocab = n;
-    b.pieces = (0..n as u32).map(|i| tk.id_to_token(i).unwrap_or_default()).collect();
-    let mut specials: Vec<u32> = added.iter().filter(|(_, t)| t.special).map(|(&i, _)| i).collect();
+    b.pieces = (0..n as u32)
+        .map(|i| tk.id_to_token(i).unwrap_or_default())
+        .collect();
+    let mut specials: Vec<u32> = added
+        .iter()
+        .filter(|(_, t)| t.special)
+        .map(|(&i, _)| i)
+        .collect();
     specials.sort_unstable();
     b.special_ids = specials;
     let special_named = |name: &str| -> Option<u32> {
-        tk.token_to_id(name).filter(|id| b.special_ids.binary_search(id).is_ok())
+        tk.token_to_id(name)
+            .filter(|id| b.special_ids.binary_search(id).is_ok())
     };
     b.bos = BOS_GUESSES.iter().find_map(|n| special_named(n));
     b.eos = EOS_GUESSES.iter().find_map(|n| special_named(n));
-    b.unk = ["<unk>", "[UNK]", "<|unk|>"].iter().find_map(|n| tk.token_to_id(n));
-    b.pad = ["<pad>", "[PAD]", "<|pad|>"].iter().find_map(|n| special_named(n));
+    b.unk = ["<unk>", "[UNK]", "<|unk|>"]
+        .iter()
+        .find_map(|n| tk.token_to_id(n));
+    b.pad = ["<pad>", "[PAD]", "<|pad|>"]
+        .iter()
+        .find_map(|n| special_named(n));
     b.hf = Some(tk);
     Ok(b)
 }
@@ -62,7 +79,10 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
 fn token_text(v: &serde_json::Value) -> Option<String> {
     match v {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        serde_json::Value::Object(o) => o
+            .get("content")
+            .and_then(|c| c.as_str())
+            .map(str::to_string),
         _ => None,
     }
 }
@@ -70,8 +90,15 @@ fn token_text(v: &serde_json::Value) -> Option<String> {
 /// `eos_token_id` may be an integer or a list of integers.
 fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|i| i as u32).into_iter().collect(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|i| i as u32).collect(),
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .into_iter()
+            .collect(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().and_then(|i| u32::try_from(i).ok()))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -84,15 +111,22 @@ pub(crate) fn build_from_dir(dir: &Path, tokenizer_json: &Path) -> Result<Built>
             "no tokenizer.json (kiln reads the Hugging Face fast-tokenizer file)",
         ));
     }
-    let bytes = std::fs::read(tokenizer_json).map_err(|e| Error::io(tokenizer_json.display(), e))?;
+    let bytes =
+        std::fs::read(tokenizer_json).map_err(|e| Error::io(tokenizer_json.display(), e))?;
     let mut b = build_from_json(&bytes, &tokenizer_json.display().to_string())?;
     let n = b.n_vocab;
-    let lookup = |b: &Built, text: &str| -> Option<u32> { b.hf.as_ref().and_then(|t| t.token_to_id(text)) };
+    let lookup =
+        |b: &Built, text: &str| -> Option<u32> { b.hf.as_ref().and_then(|t| t.token_to_id(text)) };
 
     let cfg_path = dir.join("tokenizer_config.json");
     let cfg = read_json(&cfg_path)?;
     if let Some(cfg) = &cfg {
-        for (key, slot) in [("bos_token", 0usize), ("eos_token", 1), ("unk_token", 2), ("pad_token", 3)] {
+        for (key, slot) in [
+            ("bos_token", 0usize),
+            ("eos_token", 1),
+            ("unk_token", 2),
+            ("pad_token", 3),
+        ] {
             if let Some(v) = cfg.get(key) {
                 if v.is_null() {
                     match slot {
@@ -103,10 +137,16 @@ pub(crate) fn build_from_dir(dir: &Path, tokenizer_json: &Path) -> Result<Built>
                     continue;
                 }
                 let text = token_text(v).ok_or_else(|| {
-                    Error::invalid(cfg_path.display(), format!("{key} is neither a string nor {{\"content\": ...}}"))
+                    Error::invalid(
+                        cfg_path.display(),
+                        format!("{key} is neither a string nor {{\"content\": ...}}"),
+                    )
                 })?;
                 let id = lookup(&b, &text).ok_or_else(|| {
-                    Error::invalid(cfg_path.display(), format!("{key} {text:?} is not in the vocabulary"))
+                    Error::invalid(
+                        cfg_path.display(),
+                        format!("{key} {text:?} is not in the vocabulary"),
+                    )
                 })?;
                 match slot {
                     0 => b.bos = Some(id),
@@ -148,7 +188,9 @@ pub(crate) fn build_from_dir(dir: &Path, tokenizer_json: &Path) -> Result<Built>
                     let tmpl = item.get("template").and_then(|v| v.as_str());
                     match (name, tmpl) {
                         (Some("default"), Some(t)) => b.chat_template = Some(t.to_string()),
-                        (Some(n), Some(t)) => b.named_templates.push((n.to_string(), t.to_string())),
+                        (Some(n), Some(t)) => {
+                            b.named_templates.push((n.to_string(), t.to_string()))
+                        }
                         _ => {
                             return Err(Error::invalid(
                                 cfg_path.display(),

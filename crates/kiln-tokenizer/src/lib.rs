@@ -240,7 +240,11 @@ impl std::fmt::Display for TokenizerSummary {
         writeln!(f, "  bos: {}  (added: {})", tr(&self.bos), self.add_bos)?;
         writeln!(f, "  eos: {}  (added: {})", tr(&self.eos), self.add_eos)?;
         writeln!(f, "  unk: {}  pad: {}", tr(&self.unk), tr(&self.pad))?;
-        let stops: Vec<String> = self.stop_tokens.iter().map(|t| format!("{} {:?}", t.id, t.text)).collect();
+        let stops: Vec<String> = self
+            .stop_tokens
+            .iter()
+            .map(|t| format!("{} {:?}", t.id, t.text))
+            .collect();
         writeln!(f, "  stop tokens: {}", stops.join(", "))?;
         writeln!(f, "  special tokens: {}", self.n_special)?;
         match &self.chat_template_error {
@@ -336,9 +340,8 @@ impl Tokenizer {
     }
 
     fn from_built(b: Built, source: &'static str) -> Result<Self> {
-        let hf = b
-            .hf
-            .ok_or_else(|| Error::invalid(&b.origin, "no tokenizer was built"))?;
+        let hf =
+            b.hf.ok_or_else(|| Error::invalid(&b.origin, "no tokenizer was built"))?;
         let n = b.pieces.len();
         let mut special = vec![false; n];
         for &i in &b.special_ids {
@@ -348,7 +351,11 @@ impl Tokenizer {
         }
         let n_special = special.iter().filter(|&&s| s).count();
         let is_special = |id: u32| special.get(id as usize).copied().unwrap_or(false);
-        let mut stop: Vec<u32> = b.eos.into_iter().chain(b.extra_stop.iter().copied()).collect();
+        let mut stop: Vec<u32> = b
+            .eos
+            .into_iter()
+            .chain(b.extra_stop.iter().copied())
+            .collect();
         for name in IMPLICIT_STOP_TOKENS {
             if let Some(id) = hf.token_to_id(name) {
                 if is_special(id) {
@@ -360,7 +367,8 @@ impl Tokenizer {
         stop.dedup();
 
         let text_of = |id: Option<u32>| -> String {
-            id.and_then(|i| b.pieces.get(i as usize).cloned()).unwrap_or_default()
+            id.and_then(|i| b.pieces.get(i as usize).cloned())
+                .unwrap_or_default()
         };
         let (bos_t, eos_t) = (text_of(b.bos), text_of(b.eos));
         let (unk_t, pad_t) = (text_of(b.unk), text_of(b.pad));
@@ -492,7 +500,10 @@ impl Tokenizer {
 
     /// The vocabulary string of a token (e.g. `Ġworld`, `▁world`, `<0x0A>`).
     pub fn token_piece(&self, id: u32) -> Option<&str> {
-        self.pieces.get(id as usize).map(String::as_str).filter(|s| !s.is_empty())
+        self.pieces
+            .get(id as usize)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
     }
 
     /// The id of a vocabulary string (including added tokens).
@@ -554,7 +565,10 @@ impl Tokenizer {
     /// A named template variant (GGUF `tokenizer.chat_template.<name>`, or an
     /// entry of a `tokenizer_config.json` template list), e.g. `tool_use`.
     pub fn named_chat_template(&self, name: &str) -> Option<&ChatTemplate> {
-        self.named_templates.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+        self.named_templates
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
     }
 
     /// The template `render_chat` uses: the model's, or ChatML when it has
@@ -564,13 +578,15 @@ impl Tokenizer {
         if let Some(e) = &self.template_error {
             return Err(Error::template(&self.origin, e.clone()));
         }
-        Ok(match &self.chat_template {
-            Some(t) => t,
-            None => self.fallback_template.get_or_init(|| {
-                let text_of = |id: Option<u32>| id.and_then(|i| self.token_piece(i)).unwrap_or("");
-                ChatTemplate::chatml(text_of(self.bos), text_of(self.eos))
-            }),
-        })
+        if let Some(t) = &self.chat_template {
+            return Ok(t);
+        }
+        if let Some(t) = self.fallback_template.get() {
+            return Ok(t);
+        }
+        let text_of = |id: Option<u32>| id.and_then(|i| self.token_piece(i)).unwrap_or("");
+        let t = ChatTemplate::chatml(text_of(self.bos), text_of(self.eos))?;
+        Ok(self.fallback_template.get_or_init(|| t))
     }
 
     /// Why the model's chat template failed to compile, if it did.
@@ -580,7 +596,11 @@ impl Tokenizer {
 
     /// Render OpenAI-style `messages` with the model's chat template (ChatML if
     /// the model has none).
-    pub fn render_chat(&self, messages: &serde_json::Value, add_generation_prompt: bool) -> Result<String> {
+    pub fn render_chat(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         self.render_chat_request(&ChatRequest::new(messages, add_generation_prompt))
     }
 

@@ -10,7 +10,11 @@ use kiln_tokenizer::{TemplateOrigin, Tokenizer};
 fn llamacpp_vocab(name: &str) -> Tokenizer {
     let dir = tok_fixtures().join("llamacpp");
     let plain = dir.join(format!("ggml-vocab-{name}.gguf"));
-    let path = if plain.is_file() { plain } else { dir.join(format!("ggml-vocab-{name}.gguf.gz")) };
+    let path = if plain.is_file() {
+        plain
+    } else {
+        dir.join(format!("ggml-vocab-{name}.gguf.gz"))
+    };
     let g = Gguf::from_bytes(&path, read_maybe_gz(&path)).unwrap();
     Tokenizer::from_gguf(&g).unwrap()
 }
@@ -18,20 +22,42 @@ fn llamacpp_vocab(name: &str) -> Tokenizer {
 #[test]
 fn stop_tokens_of_real_models() {
     for (file, stops, bos, add_bos) in [
-        ("SmolLM2-135M-Instruct.Q4_1.gguf", vec![("<|im_end|>", true), ("<|endoftext|>", true)], Some(1), false),
+        (
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            vec![("<|im_end|>", true), ("<|endoftext|>", true)],
+            Some(1),
+            false,
+        ),
         (
             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            vec![("<|im_end|>", true), ("<|endoftext|>", true), ("<|im_start|>", false)],
+            vec![
+                ("<|im_end|>", true),
+                ("<|endoftext|>", true),
+                ("<|im_start|>", false),
+            ],
             Some(151643),
             false,
         ),
-        ("gemma-3-270m-q4_k_m.gguf", vec![("<eos>", true), ("<end_of_turn>", true), ("<start_of_turn>", false)], Some(2), true),
+        (
+            "gemma-3-270m-q4_k_m.gguf",
+            vec![
+                ("<eos>", true),
+                ("<end_of_turn>", true),
+                ("<start_of_turn>", false),
+            ],
+            Some(2),
+            true,
+        ),
     ] {
-        let Some(path) = real_model(file, "stop_tokens_of_real_models") else { continue };
+        let Some(path) = real_model(file, "stop_tokens_of_real_models") else {
+            continue;
+        };
         let tok = Tokenizer::from_gguf(&Gguf::open(&path).unwrap()).unwrap();
         eprintln!("{file}:\n{}", tok.summary());
         for (text, is_stop) in stops {
-            let id = tok.token_to_id(text).unwrap_or_else(|| panic!("{text} in vocab"));
+            let id = tok
+                .token_to_id(text)
+                .unwrap_or_else(|| panic!("{text} in vocab"));
             assert_eq!(tok.is_eos(id), is_stop, "{file}: {text}");
         }
         assert_eq!(tok.bos_id(), bos, "{file}");
@@ -55,7 +81,10 @@ fn stop_tokens_from_tokenizer_json() {
     assert_eq!(tok.bos_id(), tok.token_to_id("<|begin_of_text|>"));
     // This tokenizer.json's post-processor adds no BOS; add_bos says so.
     assert!(!tok.add_bos());
-    assert_eq!(tok.encode("x", true, true).unwrap(), tok.encode("x", false, true).unwrap());
+    assert_eq!(
+        tok.encode("x", true, true).unwrap(),
+        tok.encode("x", false, true).unwrap()
+    );
 }
 
 #[test]
@@ -69,8 +98,14 @@ fn special_tokens_parsed_only_on_request() {
     // Same for a GGUF vocabulary (control tokens).
     let tok = llamacpp_vocab("llama-bpe");
     let eot = tok.token_to_id("<|eot_id|>").unwrap();
-    assert_eq!(tok.encode("a<|eot_id|>", false, true).unwrap().last(), Some(&eot));
-    assert!(!tok.encode("a<|eot_id|>", false, false).unwrap().contains(&eot));
+    assert_eq!(
+        tok.encode("a<|eot_id|>", false, true).unwrap().last(),
+        Some(&eot)
+    );
+    assert!(!tok
+        .encode("a<|eot_id|>", false, false)
+        .unwrap()
+        .contains(&eot));
     assert!(tok.is_special(eot) && tok.is_eos(eot));
     assert_eq!(tok.decode(&[eot], true).unwrap(), "");
     assert_eq!(tok.decode(&[eot], false).unwrap(), "<|eot_id|>");
@@ -82,7 +117,10 @@ fn stream_holds_back_partial_byte_fallback() {
     // U+10000 is not in the llama vocabulary: four <0xNN> byte tokens.
     let ids = tok.encode("a𐀀b", false, false).unwrap();
     let pieces: Vec<&str> = ids.iter().map(|&i| tok.token_piece(i).unwrap()).collect();
-    assert!(pieces.iter().filter(|p| p.starts_with("<0x")).count() == 4, "{pieces:?} {ids:?}");
+    assert!(
+        pieces.iter().filter(|p| p.starts_with("<0x")).count() == 4,
+        "{pieces:?} {ids:?}"
+    );
     let mut st = tok.stream_decoder(false);
     let mut out = Vec::new();
     for &id in &ids {
@@ -91,7 +129,10 @@ fn stream_holds_back_partial_byte_fallback() {
     assert_eq!(st.finish().unwrap(), None);
     let emitted: Vec<String> = out.iter().flatten().cloned().collect();
     assert_eq!(emitted.concat(), "a𐀀b");
-    assert!(emitted.iter().all(|p| !p.contains('\u{FFFD}')), "{emitted:?}");
+    assert!(
+        emitted.iter().all(|p| !p.contains('\u{FFFD}')),
+        "{emitted:?}"
+    );
     assert!(emitted.contains(&"𐀀".to_string()), "{emitted:?}");
     // A sequence cut in the middle of a character: finish() flushes it as
     // the full decode shows it.
@@ -139,25 +180,46 @@ fn hf_folder_config_and_template_precedence() {
     )
     .unwrap();
     std::fs::write(dir.join("chat_template.jinja"), "jinja").unwrap();
-    std::fs::write(dir.join("chat_template.json"), r#"{"chat_template": "json"}"#).unwrap();
-    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 0]}"#).unwrap();
+    std::fs::write(
+        dir.join("chat_template.json"),
+        r#"{"chat_template": "json"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 0]}"#,
+    )
+    .unwrap();
     let msgs = serde_json::json!([{"role": "user", "content": "x"}]);
 
     let tok = Tokenizer::load(&dir).unwrap();
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));
     assert!(tok.is_eos(0) && tok.is_eos(2));
-    assert_eq!(tok.chat_template().unwrap().origin(), &TemplateOrigin::TokenizerConfig);
+    assert_eq!(
+        tok.chat_template().unwrap().origin(),
+        &TemplateOrigin::TokenizerConfig
+    );
     assert_eq!(tok.render_chat(&msgs, true).unwrap(), "config <|im_start|>");
 
-    std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
     let tok = Tokenizer::load(&dir).unwrap();
-    assert_eq!(tok.chat_template().unwrap().origin(), &TemplateOrigin::ChatTemplateJinja);
+    assert_eq!(
+        tok.chat_template().unwrap().origin(),
+        &TemplateOrigin::ChatTemplateJinja
+    );
     assert_eq!(tok.render_chat(&msgs, true).unwrap(), "jinja");
 
     std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
     let tok = Tokenizer::load(dir.join("tokenizer.json")).unwrap();
-    assert_eq!(tok.chat_template().unwrap().origin(), &TemplateOrigin::ChatTemplateJson);
+    assert_eq!(
+        tok.chat_template().unwrap().origin(),
+        &TemplateOrigin::ChatTemplateJson
+    );
     assert_eq!(tok.render_chat(&msgs, true).unwrap(), "json");
 
     // A list of named templates: "default" is the template, "tool_use" is used with tools.

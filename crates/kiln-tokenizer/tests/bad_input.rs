@@ -18,8 +18,14 @@ fn bpe() -> GgufWriter {
     let mut w = GgufWriter::new();
     w.set("tokenizer.ggml.model", Value::String("gpt2".into()))
         .set("tokenizer.ggml.pre", Value::String("gpt-2".into()))
-        .set("tokenizer.ggml.tokens", s(&["a", "b", "ab", "<|endoftext|>"]))
-        .set("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1, 1, 1, 3])))
+        .set(
+            "tokenizer.ggml.tokens",
+            s(&["a", "b", "ab", "<|endoftext|>"]),
+        )
+        .set(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1, 1, 3])),
+        )
         .set("tokenizer.ggml.merges", s(&["a b"]))
         .set("tokenizer.ggml.eos_token_id", Value::U32(3))
         .set("tokenizer.ggml.bos_token_id", Value::U32(3));
@@ -30,9 +36,18 @@ fn bpe() -> GgufWriter {
 fn spm() -> GgufWriter {
     let mut w = GgufWriter::new();
     w.set("tokenizer.ggml.model", Value::String("llama".into()))
-        .set("tokenizer.ggml.tokens", s(&["<unk>", "<s>", "</s>", "▁a", "a", "▁"]))
-        .set("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0])))
-        .set("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1])));
+        .set(
+            "tokenizer.ggml.tokens",
+            s(&["<unk>", "<s>", "</s>", "▁a", "a", "▁"]),
+        )
+        .set(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0])),
+        )
+        .set(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1])),
+        );
     w
 }
 
@@ -75,9 +90,15 @@ fn missing_tokens_array() {
 #[test]
 fn tokens_of_wrong_type() {
     let mut w = bpe();
-    w.set("tokenizer.ggml.tokens", Value::Array(Array::I32(vec![1, 2])));
+    w.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::I32(vec![1, 2])),
+    );
     let e = err(&w);
-    assert!(e.contains("tokenizer.ggml.tokens") && e.contains("array of strings"), "{e}");
+    assert!(
+        e.contains("tokenizer.ggml.tokens") && e.contains("array of strings"),
+        "{e}"
+    );
     let mut w = bpe();
     w.set("tokenizer.ggml.tokens", Value::String("a".into()));
     assert!(err(&w).contains("tokenizer.ggml.tokens"));
@@ -100,9 +121,15 @@ fn duplicate_token() {
 #[test]
 fn scores_length_mismatch() {
     let mut w = spm();
-    w.set("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.0, 1.0])));
+    w.set(
+        "tokenizer.ggml.scores",
+        Value::Array(Array::F32(vec![0.0, 1.0])),
+    );
     let e = err(&w);
-    assert!(e.contains("tokenizer.ggml.scores") && e.contains("2 entries") && e.contains("6 tokens"), "{e}");
+    assert!(
+        e.contains("tokenizer.ggml.scores") && e.contains("2 entries") && e.contains("6 tokens"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -116,7 +143,10 @@ fn scores_missing_for_sentencepiece() {
 #[test]
 fn token_type_length_mismatch() {
     let mut w = bpe();
-    w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1])));
+    w.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vec![1])),
+    );
     assert!(err(&w).contains("tokenizer.ggml.token_type"));
 }
 
@@ -133,7 +163,10 @@ fn merge_with_unknown_token() {
     let mut w = bpe();
     w.set("tokenizer.ggml.merges", s(&["a b", "a zz"]));
     let e = err(&w);
-    assert!(e.contains("merge #1") && e.contains("\"zz\"") && e.contains("not in the vocabulary"), "{e}");
+    assert!(
+        e.contains("merge #1") && e.contains("\"zz\"") && e.contains("not in the vocabulary"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -155,7 +188,10 @@ fn special_id_out_of_range() {
     let mut w = bpe();
     w.set("tokenizer.ggml.eos_token_id", Value::U32(99));
     let e = err(&w);
-    assert!(e.contains("tokenizer.ggml.eos_token_id") && e.contains("99"), "{e}");
+    assert!(
+        e.contains("tokenizer.ggml.eos_token_id") && e.contains("99"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -187,12 +223,18 @@ fn unsupported_models_and_pre_tokenizers() {
 #[test]
 fn broken_template_is_reported_at_render_not_at_load() {
     let mut w = bpe();
-    w.set("tokenizer.chat_template", Value::String("{% for m in messages %}{{ m.content ".into()));
+    w.set(
+        "tokenizer.chat_template",
+        Value::String("{% for m in messages %}{{ m.content ".into()),
+    );
     let t = load(&w).expect("the tokenizer itself is fine");
     assert!(t.chat_template().is_none());
     assert!(t.summary().chat_template_error.is_some());
     let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
-    let e = t.render_chat(&msgs, true).expect_err("no silent fallback").to_string();
+    let e = t
+        .render_chat(&msgs, true)
+        .expect_err("no silent fallback")
+        .to_string();
     assert!(e.contains("chat template error") && e.contains(NAME), "{e}");
 }
 
@@ -206,11 +248,18 @@ fn template_runtime_failure_is_an_error() {
     let t = load(&w).unwrap();
     let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
     let e = t.render_chat(&msgs, true).unwrap_err().to_string();
-    assert!(e.contains("Conversation roles must alternate") && e.contains(NAME), "{e}");
+    assert!(
+        e.contains("Conversation roles must alternate") && e.contains(NAME),
+        "{e}"
+    );
     // Malformed messages are errors too.
-    let e = t.render_chat(&serde_json::json!([{"content": "no role"}]), true).unwrap_err();
+    let e = t
+        .render_chat(&serde_json::json!([{"content": "no role"}]), true)
+        .unwrap_err();
     assert!(e.to_string().contains("role"), "{e}");
-    let e = t.render_chat(&serde_json::json!("just a string"), true).unwrap_err();
+    let e = t
+        .render_chat(&serde_json::json!("just a string"), true)
+        .unwrap_err();
     assert!(e.to_string().contains("messages"), "{e}");
 }
 
@@ -229,15 +278,29 @@ fn hf_folder_problems() {
     std::fs::write(dir.join("tokenizer.json"), &tj).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), b"{\"eos_token\": 5").unwrap();
     let e = Tokenizer::load(&dir).unwrap_err().to_string();
-    assert!(e.contains("tokenizer_config.json") && e.contains("not valid JSON"), "{e}");
-    std::fs::write(dir.join("tokenizer_config.json"), b"{\"eos_token\": \"<nope>\"}").unwrap();
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("not valid JSON"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        b"{\"eos_token\": \"<nope>\"}",
+    )
+    .unwrap();
     let e = Tokenizer::load(&dir).unwrap_err().to_string();
-    assert!(e.contains("<nope>") && e.contains("not in the vocabulary"), "{e}");
-    let e = Tokenizer::load(dir.join("missing.gguf")).unwrap_err().to_string();
+    assert!(
+        e.contains("<nope>") && e.contains("not in the vocabulary"),
+        "{e}"
+    );
+    let e = Tokenizer::load(dir.join("missing.gguf"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("missing.gguf"), "{e}");
     // Not a GGUF at all.
     std::fs::write(dir.join("junk.gguf"), b"JUNKJUNKJUNK").unwrap();
-    let e = Tokenizer::load(dir.join("junk.gguf")).unwrap_err().to_string();
+    let e = Tokenizer::load(dir.join("junk.gguf"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("junk.gguf"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

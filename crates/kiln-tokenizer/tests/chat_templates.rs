@@ -16,7 +16,9 @@ fn refs() -> serde_json::Value {
 fn template(name: &str) -> ChatTemplate {
     let r = refs();
     let t = &r["templates"][name];
-    let path = data_dir().join("chat_templates").join(t["file"].as_str().unwrap());
+    let path = data_dir()
+        .join("chat_templates")
+        .join(t["file"].as_str().unwrap());
     let src = std::fs::read_to_string(&path).unwrap();
     ChatTemplate::new(
         src,
@@ -34,7 +36,11 @@ fn check_cases(name: &str, tmpl: &ChatTemplate) -> usize {
     let mut fails = Vec::new();
     for c in cases {
         let cname = c["name"].as_str().unwrap();
-        let tools = if c["tools"].is_null() { None } else { Some(&c["tools"]) };
+        let tools = if c["tools"].is_null() {
+            None
+        } else {
+            Some(&c["tools"])
+        };
         let req = ChatRequest {
             messages: &c["messages"],
             tools,
@@ -44,9 +50,14 @@ fn check_cases(name: &str, tmpl: &ChatTemplate) -> usize {
         let got = tmpl.render(&req);
         match (c.get("expected").and_then(|e| e.as_str()), got) {
             (Some(want), Ok(got)) if want == got => {}
-            (Some(want), Ok(got)) => fails.push(format!("{cname}:\n--- want\n{want}\n--- got\n{got}\n---")),
+            (Some(want), Ok(got)) => {
+                fails.push(format!("{cname}:\n--- want\n{want}\n--- got\n{got}\n---"))
+            }
             (Some(_), Err(e)) => fails.push(format!("{cname}: unexpected error {e}")),
-            (None, Ok(got)) => fails.push(format!("{cname}: transformers failed ({}) but kiln rendered {got:?}", c["error"])),
+            (None, Ok(got)) => fails.push(format!(
+                "{cname}: transformers failed ({}) but kiln rendered {got:?}",
+                c["error"]
+            )),
             (None, Err(e)) => {
                 let msg = e.to_string();
                 assert!(msg.contains("chat template error"), "{msg}");
@@ -54,8 +65,17 @@ fn check_cases(name: &str, tmpl: &ChatTemplate) -> usize {
             }
         }
     }
-    eprintln!("{name}: {}/{} conversations match transformers", cases.len() - fails.len(), cases.len());
-    assert!(fails.is_empty(), "{name}: {} failures:\n{}", fails.len(), fails.join("\n"));
+    eprintln!(
+        "{name}: {}/{} conversations match transformers",
+        cases.len() - fails.len(),
+        cases.len()
+    );
+    assert!(
+        fails.is_empty(),
+        "{name}: {} failures:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
     cases.len()
 }
 
@@ -86,24 +106,37 @@ fn raise_exception_names_the_template_and_message() {
 /// The same references through the real GGUFs: template and bos/eos strings
 /// come from the model file.
 fn check_gguf(name: &str, file: &str, test: &str) {
-    let Some(path) = real_model(file, test) else { return };
+    let Some(path) = real_model(file, test) else {
+        return;
+    };
     let g = Gguf::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     let t = tok.chat_template().expect("model has a chat template");
     assert_eq!(t.origin(), &TemplateOrigin::Gguf);
-    let committed = std::fs::read_to_string(data_dir().join(format!("chat_templates/{name}.jinja"))).unwrap();
-    assert_eq!(t.source(), committed, "committed template equals the GGUF's");
+    let committed =
+        std::fs::read_to_string(data_dir().join(format!("chat_templates/{name}.jinja"))).unwrap();
+    assert_eq!(
+        t.source(),
+        committed,
+        "committed template equals the GGUF's"
+    );
     check_cases(name, t);
     // render_chat goes through the same template.
     let msgs = serde_json::json!([{"role": "user", "content": "Hello!"}]);
     let r = refs();
-    let want = r["templates"][name]["cases"][1]["expected"].as_str().unwrap();
+    let want = r["templates"][name]["cases"][1]["expected"]
+        .as_str()
+        .unwrap();
     assert_eq!(tok.render_chat(&msgs, true).unwrap(), want);
 }
 
 #[test]
 fn smollm2_gguf_template() {
-    check_gguf("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2_gguf_template");
+    check_gguf(
+        "smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2_gguf_template",
+    );
 }
 
 #[test]
@@ -117,7 +150,9 @@ fn qwen25_coder_gguf_template() {
 
 #[test]
 fn gemma3_has_no_template_and_uses_chatml_fallback() {
-    let Some(path) = real_model("gemma-3-270m-q4_k_m.gguf", "gemma3_has_no_template") else { return };
+    let Some(path) = real_model("gemma-3-270m-q4_k_m.gguf", "gemma3_has_no_template") else {
+        return;
+    };
     let tok = Tokenizer::from_gguf(&Gguf::open(&path).unwrap()).unwrap();
     assert!(tok.chat_template().is_none());
     assert_eq!(tok.summary().chat_template, TemplateOrigin::ChatMlFallback);

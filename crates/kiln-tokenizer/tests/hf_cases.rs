@@ -25,15 +25,27 @@ fn check_json_tokenizer(name: &str) {
         let got_s = tok.encode(text, true, true).unwrap();
         let mut ok = true;
         if got != ids {
-            fails.push(format!("#{idx} {text:?}: ids\n want {ids:?}\n got  {got:?}"));
+            fails.push(format!(
+                "#{idx} {text:?}: ids\n want {ids:?}\n got  {got:?}"
+            ));
             ok = false;
         }
         if got_s != with_special {
-            fails.push(format!("#{idx} {text:?}: ids_with_special\n want {with_special:?}\n got  {got_s:?}"));
+            fails.push(format!(
+                "#{idx} {text:?}: ids_with_special\n want {with_special:?}\n got  {got_s:?}"
+            ));
             ok = false;
         }
-        let pieces: Vec<&str> = ids.iter().map(|&i| tok.token_piece(i).unwrap_or("?")).collect();
-        let want_pieces: Vec<&str> = c["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        let pieces: Vec<&str> = ids
+            .iter()
+            .map(|&i| tok.token_piece(i).unwrap_or("?"))
+            .collect();
+        let want_pieces: Vec<&str> = c["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
         if pieces != want_pieces {
             fails.push(format!("#{idx}: pieces {pieces:?} != {want_pieces:?}"));
             ok = false;
@@ -45,13 +57,18 @@ fn check_json_tokenizer(name: &str) {
         }
         let dec_s = tok.decode(&ids, true).unwrap();
         if dec_s != c["decoded_skip_special"].as_str().unwrap() {
-            fails.push(format!("#{idx}: decoded_skip_special {dec_s:?} != {:?}", c["decoded_skip_special"]));
+            fails.push(format!(
+                "#{idx}: decoded_skip_special {dec_s:?} != {:?}",
+                c["decoded_skip_special"]
+            ));
             ok = false;
         }
         for skip in [false, true] {
             for seq in [&ids, &with_special] {
                 if let Err(e) = check_stream(&tok, seq, skip) {
-                    fails.push(format!("#{idx} {text:?}: stream (skip_special={skip}): {e}"));
+                    fails.push(format!(
+                        "#{idx} {text:?}: stream (skip_special={skip}): {e}"
+                    ));
                     ok = false;
                 }
             }
@@ -60,8 +77,16 @@ fn check_json_tokenizer(name: &str) {
             n_ok += 1;
         }
     }
-    eprintln!("{name} (tokenizer.json): {n_ok}/{} cases match", cases.len());
-    assert!(fails.is_empty(), "{name}: {} failures:\n{}", fails.len(), fails.join("\n"));
+    eprintln!(
+        "{name} (tokenizer.json): {n_ok}/{} cases match",
+        cases.len()
+    );
+    assert!(
+        fails.is_empty(),
+        "{name}: {} failures:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 #[test]
@@ -87,7 +112,9 @@ fn lenml_llama3_tokenizer_json() {
 /// The GGUF's own vocabulary (tokenizer.ggml.*) against llama.cpp's ids and
 /// the HF decode of the same ids.
 fn check_gguf_tokenizer(name: &str, file: &str, test: &str) {
-    let Some(path) = real_model(file, test) else { return };
+    let Some(path) = real_model(file, test) else {
+        return;
+    };
     let g = Gguf::open(&path).unwrap_or_else(|e| panic!("{e}"));
     let tok = Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{e}"));
     let cases = hf_cases(name);
@@ -97,7 +124,11 @@ fn check_gguf_tokenizer(name: &str, file: &str, test: &str) {
         let text = c["text"].as_str().unwrap();
         let idx = &c["index"];
         let want = ids_of(&c["llamacpp_ids"]);
-        assert_eq!(want, ids_of(&c["ids"]), "fixture: llama.cpp and HF agree on #{idx}");
+        assert_eq!(
+            want,
+            ids_of(&c["ids"]),
+            "fixture: llama.cpp and HF agree on #{idx}"
+        );
         let got = tok.encode(text, false, true).unwrap();
         if got != want {
             fails.push(format!("#{idx} {text:?}\n want {want:?}\n got  {got:?}"));
@@ -105,7 +136,9 @@ fn check_gguf_tokenizer(name: &str, file: &str, test: &str) {
         let with_special = ids_of(&c["ids_with_special"]);
         let got_s = tok.encode(text, true, true).unwrap();
         if got_s != with_special {
-            fails.push(format!("#{idx} {text:?}: ids_with_special\n want {with_special:?}\n got  {got_s:?}"));
+            fails.push(format!(
+                "#{idx} {text:?}: ids_with_special\n want {with_special:?}\n got  {got_s:?}"
+            ));
         }
         let dec = tok.decode(&want, false).unwrap();
         if dec != c["decoded"].as_str().unwrap() {
@@ -117,13 +150,26 @@ fn check_gguf_tokenizer(name: &str, file: &str, test: &str) {
             }
         }
     }
-    eprintln!("{name} (GGUF {file}): {}/{} cases", cases.len() - fails.len(), cases.len());
-    assert!(fails.is_empty(), "{name}: {} failures:\n{}", fails.len(), fails.join("\n"));
+    eprintln!(
+        "{name} (GGUF {file}): {}/{} cases",
+        cases.len() - fails.len(),
+        cases.len()
+    );
+    assert!(
+        fails.is_empty(),
+        "{name}: {} failures:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 #[test]
 fn smollm2_gguf_vocab() {
-    check_gguf_tokenizer("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2_gguf_vocab");
+    check_gguf_tokenizer(
+        "smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2_gguf_vocab",
+    );
 }
 
 #[test]

@@ -15,8 +15,9 @@ fn run_vocab(name: &str) {
     let path = if plain.is_file() { plain.clone() } else { gz };
     let g = Gguf::from_bytes(&path, read_maybe_gz(&path)).unwrap_or_else(|e| panic!("{e}"));
     let tok = Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("{e}"));
-    let inp = String::from_utf8(std::fs::read(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap())
-        .unwrap();
+    let inp =
+        String::from_utf8(std::fs::read(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap())
+            .unwrap();
     let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
     let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
     assert_eq!(texts.pop(), Some(""), "inp ends with a separator");
@@ -24,8 +25,13 @@ fn run_vocab(name: &str) {
     assert!(expected.len() > texts.len());
     let mut fails = Vec::new();
     for (i, text) in texts.iter().enumerate() {
-        let want: Vec<u32> = expected[i].split_whitespace().map(|x| x.parse().unwrap()).collect();
-        let got = tok.encode(text, false, false).unwrap_or_else(|e| panic!("{e}"));
+        let want: Vec<u32> = expected[i]
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let got = tok
+            .encode(text, false, false)
+            .unwrap_or_else(|e| panic!("{e}"));
         if got != want {
             fails.push(format!("#{i} {text:?}\n   want {want:?}\n   got  {got:?}"));
         }
@@ -33,8 +39,17 @@ fn run_vocab(name: &str) {
             fails.push(format!("#{i} {text:?}: stream: {e}"));
         }
     }
-    eprintln!("{name}: {}/{} strings match", texts.len() - fails.len(), texts.len());
-    assert!(fails.is_empty(), "{name}: {} failures:\n{}", fails.len(), fails.join("\n"));
+    eprintln!(
+        "{name}: {}/{} strings match",
+        texts.len() - fails.len(),
+        texts.len()
+    );
+    assert!(
+        fails.is_empty(),
+        "{name}: {} failures:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 #[test]

@@ -60,7 +60,10 @@ pub fn hf_cases(name: &str) -> serde_json::Value {
 }
 
 pub fn hf_tokenizer(name: &str) -> Tokenizer {
-    let p = tok_fixtures().join("hf").join(name).join("tokenizer.json.gz");
+    let p = tok_fixtures()
+        .join("hf")
+        .join(name)
+        .join("tokenizer.json.gz");
     let bytes = read_maybe_gz(&p);
     Tokenizer::from_tokenizer_json_bytes(&bytes, &p.display().to_string())
         .unwrap_or_else(|e| panic!("{e}"))
