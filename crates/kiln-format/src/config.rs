@@ -60,6 +60,24 @@ impl Arch {
         })
     }
 
+    /// The activation when the file does not name one.
+    pub fn default_activation(self) -> Activation {
+        match self {
+            Arch::Gemma3 | Arch::Gpt2 => Activation::GeluTanh,
+            Arch::Bert => Activation::Gelu,
+            _ => Activation::Silu,
+        }
+    }
+
+    /// Gemma multiplies embeddings by sqrt(hidden); no other family scales.
+    pub fn embedding_scale(self, hidden_size: usize) -> f32 {
+        if self == Arch::Gemma3 {
+            (hidden_size as f32).sqrt()
+        } else {
+            1.0
+        }
+    }
+
     /// Encoder-only models attend both ways and produce embeddings, not text.
     pub fn is_encoder(self) -> bool {
         matches!(self, Arch::Bert)
@@ -386,11 +404,7 @@ impl ModelConfig {
             norm,
             norm_eps,
             norm_weight_offset: 0.0,
-            activation: match arch {
-                Arch::Gemma3 | Arch::Gpt2 => Activation::GeluTanh,
-                Arch::Bert => Activation::Gelu,
-                _ => Activation::Silu,
-            },
+            activation: arch.default_activation(),
             rope,
             sliding_window,
             layer_sliding,
@@ -399,11 +413,7 @@ impl ModelConfig {
             attn_scale: 1.0 / (head_dim as f64).sqrt(),
             attn_logit_softcap: float("attn_logit_softcapping")?,
             final_logit_softcap: float("final_logit_softcapping")?,
-            embedding_scale: if arch == Arch::Gemma3 {
-                (hidden_size as f32).sqrt()
-            } else {
-                1.0
-            },
+            embedding_scale: arch.embedding_scale(hidden_size),
             tied_embeddings: g.tensor("output.weight").is_none(),
             type_vocab_size: match arch {
                 Arch::Bert => g
@@ -518,11 +528,7 @@ impl ModelConfig {
         let act_name = get(&["hidden_activation", "hidden_act", "activation_function"])
             .and_then(|(_, v)| v.as_str().map(str::to_owned));
         let activation = match act_name.as_deref() {
-            None => match arch {
-                Arch::Gemma3 | Arch::Gpt2 => Activation::GeluTanh,
-                Arch::Bert => Activation::Gelu,
-                _ => Activation::Silu,
-            },
+            None => arch.default_activation(),
             Some("silu" | "swish") => Activation::Silu,
             Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" | "gelu_tanh") => {
                 Activation::GeluTanh
@@ -611,11 +617,7 @@ impl ModelConfig {
             attn_scale,
             attn_logit_softcap: float(&["attn_logit_softcapping"])?,
             final_logit_softcap: float(&["final_logit_softcapping"])?,
-            embedding_scale: if arch == Arch::Gemma3 {
-                (hidden_size as f32).sqrt()
-            } else {
-                1.0
-            },
+            embedding_scale: arch.embedding_scale(hidden_size),
             tied_embeddings,
             type_vocab_size: match arch {
                 Arch::Bert => int(&["type_vocab_size"])?.unwrap_or(2).max(0) as usize,

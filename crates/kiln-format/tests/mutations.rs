@@ -71,6 +71,24 @@ struct Tally {
 }
 
 impl Tally {
+    /// Prints the counts (quoted in the issue notes) and fails on any failure
+    /// or on too few cases (a test that ran nothing proves nothing).
+    fn finish(&self, what: &str, min_cases: usize) {
+        eprintln!(
+            "{what} mutations: {} cases, {} clean errors, {} still-valid files (all exercised), {} failures",
+            self.cases,
+            self.errs,
+            self.oks,
+            self.failures.len()
+        );
+        assert!(
+            self.failures.is_empty(),
+            "failures:\n{}",
+            self.failures.join("\n")
+        );
+        assert!(self.cases > min_cases, "only {} cases ran", self.cases);
+    }
+
     fn fail(&mut self, msg: String) {
         if self.failures.len() < 20 {
             self.failures.push(msg);
@@ -334,19 +352,7 @@ fn gguf_mutations_end_in_clean_errors() {
             check_gguf(&mut t, &format!("{f} {label}"), b, true);
         }
     }
-    eprintln!(
-        "GGUF mutations: {} cases, {} clean errors, {} still-valid files (all exercised), {} failures",
-        t.cases,
-        t.errs,
-        t.oks,
-        t.failures.len()
-    );
-    assert!(
-        t.failures.is_empty(),
-        "failures:\n{}",
-        t.failures.join("\n")
-    );
-    assert!(t.cases > 3000, "only {} cases ran", t.cases);
+    t.finish("GGUF", 3000);
 }
 
 /// Copies an HF folder into a fresh temp dir so files can be mutated.
@@ -525,17 +531,5 @@ fn safetensors_mutations_end_in_clean_errors() {
     std::fs::write(tmp.0.join("x.gguf"), b"GG").unwrap();
     check_dir(&mut t, "2-byte file", &tmp.0.join("x.gguf"), true);
 
-    eprintln!(
-        "safetensors mutations: {} cases, {} clean errors, {} still-valid, {} failures",
-        t.cases,
-        t.errs,
-        t.oks,
-        t.failures.len()
-    );
-    assert!(
-        t.failures.is_empty(),
-        "failures:\n{}",
-        t.failures.join("\n")
-    );
-    assert!(t.cases > 500, "only {} cases ran", t.cases);
+    t.finish("safetensors", 500);
 }
