@@ -52,10 +52,16 @@ fn main() {
         Command::Run(a) => run::run(a),
     };
     if let Err(e) = result {
-        eprintln!("kiln: error: {e}");
+        let mut shown = e.to_string();
+        eprintln!("kiln: error: {shown}");
         let mut src = e.source();
         while let Some(s) = src {
-            eprintln!("  caused by: {s}");
+            // Our errors often quote their cause already; say it once.
+            let text = s.to_string();
+            if !shown.contains(&text) {
+                eprintln!("  caused by: {text}");
+                shown.push_str(&text);
+            }
             src = s.source();
         }
         std::process::exit(1);
