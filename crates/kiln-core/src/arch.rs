@@ -77,7 +77,8 @@ impl ArchDescriptor {
         }
         let has = |n: &str| m.tensor(&format!("blk.0.{n}.weight")).is_some();
         let fused_qkv = has("attn_qkv");
-        if !fused_qkv && !(has("attn_q") && has("attn_k") && has("attn_v")) {
+        let separate_qkv = has("attn_q") && has("attn_k") && has("attn_v");
+        if !(fused_qkv || separate_qkv) {
             return Err(m.require("blk.0.attn_q.weight").err().map_or_else(
                 || EngineError::Unsupported("attention projections".into()),
                 EngineError::from,

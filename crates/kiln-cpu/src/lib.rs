@@ -413,7 +413,7 @@ impl RowJob<'_> {
     #[inline(always)]
     fn run(&self, scratch: &mut [f32]) {
         let (rows, cols, n) = (self.w.rows(), self.w.cols(), self.n);
-        let yp = self.y;
+        let yp = self.y.ptr();
         let b = |r: usize| self.bias.map_or(0.0, |b| b[r]);
         let mut r = self.r0;
         // Four rows at a time: decode them into scratch, then dot each token.
@@ -430,7 +430,7 @@ impl RowJob<'_> {
                 for (k, v) in v.iter().enumerate() {
                     // SAFETY: rows r0..r1 of every token belong to this
                     // thread alone; t * rows + r + k < n * rows <= y.len().
-                    unsafe { *yp.0.add(t * rows + r + k) = v + b(r + k) };
+                    unsafe { *yp.add(t * rows + r + k) = v + b(r + k) };
                 }
             }
             r += 4;
@@ -440,7 +440,7 @@ impl RowJob<'_> {
             for t in 0..n {
                 let v = kernels::dot(row, &self.x[t * cols..(t + 1) * cols]) + b(r);
                 // SAFETY: as above.
-                unsafe { *yp.0.add(t * rows + r) = v };
+                unsafe { *yp.add(t * rows + r) = v };
             }
             r += 1;
         }
@@ -629,7 +629,6 @@ impl Backend for CpuBackend {
                 let nt = pool.n_threads();
                 let (scale, softcap, causal) = (d.attn_scale, d.attn_softcap, d.causal);
                 pool.run(&|tid| {
-                    let att = att;
                     let Some(local) = locals.get(tid) else { return };
                     let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
                     for item in items * tid / nt..items * (tid + 1) / nt {
@@ -665,7 +664,7 @@ impl Backend for CpuBackend {
                         let inv = 1.0 / sum;
                         // SAFETY: head h of token i is written by this thread only.
                         let out = unsafe {
-                            std::slice::from_raw_parts_mut(att.0.add(i * qd + h * hd), hd)
+                            std::slice::from_raw_parts_mut(att.ptr().add(i * qd + h * hd), hd)
                         };
                         out.fill(0.0);
                         for (j, &sc) in scores.iter().enumerate() {

@@ -153,6 +153,14 @@ pub(crate) struct SyncPtr(pub *mut f32);
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
+impl SyncPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper).
+    #[inline(always)]
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,6 +70,7 @@ impl Mat {
             }
             return Ok(Mat::Owned { data, rows, cols });
         }
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         if cols % ty.block_size() != 0 {
             return Err(EngineError::Unsupported(format!(
                 "tensor '{}': rows of {cols} values are not whole {ty} blocks",
