@@ -1,0 +1,72 @@
+// kiln CUDA kernels: shared helpers. Header-free (NVRTC needs no include
+// path): f16 via PTX conversion, bf16 by shifting.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define INFINITY __int_as_float(0x7f800000)
+#define NORM_RMS 0
+#define NORM_LAYER 1
+#define ACT_SILU 0
+#define ACT_GELU_TANH 1
+#define ACT_GELU 2
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// Every block type in ggml has an even size, and tensors start 256-aligned:
+// u16 loads at even offsets are always aligned.
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+
+__device__ __forceinline__ float ld_h(const u8* p) { return h2f(ld_u16(p)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
+// Every thread gets the result.
+__device__ double block_sum_d(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int i = 0; i < nw; i++) t += part[i];
+    return t;
+}
+
+__device__ __forceinline__ float activate(int kind, float x) {
+    if (kind == ACT_SILU) return x / (1.0f + expf(-x));
+    double x64 = (double)x;
+    if (kind == ACT_GELU_TANH) {
+        const double c = 0.7978845608028654;  // sqrt(2/pi)
+        return (float)(0.5 * x64 * (1.0 + tanh(c * (x64 + 0.044715 * x64 * x64 * x64))));
+    }
+    return (float)(0.5 * x64 * (1.0 + erf(x64 * 0.7071067811865476)));
+}

@@ -1,0 +1,285 @@
+// Norms, the attention block's per-head work, attention, activations, logits.
+
+// Mean and 1/std (LayerNorm) or 0 and 1/rms (RMSNorm) of v[0..n], sums in
+// f64 like the CPU reference. Every thread gets both.
+__device__ __forceinline__ void norm_stats(const float* v, int n, int kind, float eps, double* mean,
+                                           double* inv) {
+    double s = 0.0;
+    double m = 0.0;
+    if (kind == NORM_LAYER) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)v[i];
+        m = block_sum_d(s) / (double)n;
+        s = 0.0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            double d = (double)v[i] - m;
+            s += d * d;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            double d = (double)v[i];
+            s += d * d;
+        }
+    }
+    double var = block_sum_d(s) / (double)n;
+    *mean = m;
+    *inv = 1.0 / sqrt(var + (double)eps);
+}
+
+__device__ __forceinline__ float norm_one(float v, int i, int kind, double mean, double inv, float finv,
+                                          const float* w, const float* b) {
+    if (kind == NORM_LAYER) {
+        float nv = (float)(((double)v - mean) * inv);
+        return nv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+    return v * finv * (w ? w[i] : 1.0f);
+}
+
+// Per token (grid: n; block: 256):
+//   if y: x += post ? norm(y; pw, pb) : y
+//   if w: out = norm(x; w, b)
+extern "C" __global__ void add_norm(float* x, const float* y, const float* pw, const float* pb,
+                                    const float* w, const float* b, float* out, int hid, float eps,
+                                    int kind) {
+    int t = blockIdx.x;
+    float* xr = x + (u64)t * hid;
+    double mean, inv;
+    if (y) {
+        const float* yr = y + (u64)t * hid;
+        if (pw) {
+            norm_stats(yr, hid, kind, eps, &mean, &inv);
+            float finv = (float)inv;
+            for (int i = threadIdx.x; i < hid; i += blockDim.x)
+                xr[i] += norm_one(yr[i], i, kind, mean, inv, finv, pw, pb);
+        } else {
+            for (int i = threadIdx.x; i < hid; i += blockDim.x) xr[i] += yr[i];
+        }
+        __syncthreads();
+    }
+    if (w) {
+        norm_stats(xr, hid, kind, eps, &mean, &inv);
+        float finv = (float)inv;
+        float* o = out + (u64)t * hid;
+        for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+    }
+}
+
+// out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
+extern "C" __global__ void gather_norm(const float* x, const u32* rows, const float* w, const float* b,
+                                       float* out, int hid, float eps, int kind) {
+    const float* xr = x + (u64)rows[blockIdx.x] * hid;
+    double mean, inv;
+    norm_stats(xr, hid, kind, eps, &mean, &inv);
+    float finv = (float)inv;
+    float* o = out + (u64)blockIdx.x * hid;
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+}
+
+// After the QKV projection, per (head, token) (grid: (n_heads + 2 n_kv, n); block: 128):
+// Q and K heads: optional per-head RMSNorm, RoPE; Q is written back in place,
+// K and V go to the paged cache at the token's position.
+// Cache layout: [block][layer in group][position in block][kv_dim].
+extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_kv, int hd,
+                                    const float* qnw, const float* knw, float eps,
+                                    const float* cosb, const float* sinb, int rope_dim, int neox,
+                                    const u32* positions, const u32* rowidx, const u32* tables,
+                                    int tstride, int bs, int nlg, int lig, float* kc, float* vc) {
+    __shared__ float h[512];
+    int hi = blockIdx.x, t = blockIdx.y;
+    int kvd = n_kv * hd;
+    float* base = qkv + (u64)t * stride;
+    float* p;
+    int kind;  // 0 q, 1 k, 2 v
+    int kh = 0;
+    if (hi < n_heads) {
+        p = base + hi * hd;
+        kind = 0;
+    } else if (hi < n_heads + n_kv) {
+        kh = hi - n_heads;
+        p = base + n_heads * hd + kh * hd;
+        kind = 1;
+    } else {
+        kh = hi - n_heads - n_kv;
+        p = base + n_heads * hd + kvd + kh * hd;
+        kind = 2;
+    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) h[i] = p[i];
+    __syncthreads();
+    u32 pos = positions[t];
+    if (kind < 2) {
+        const float* nw = kind == 0 ? qnw : knw;
+        if (nw) {
+            double s = 0.0;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) s += (double)h[i] * (double)h[i];
+            double ss = block_sum_d(s);
+            float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+            __syncthreads();
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) h[i] = h[i] * inv * nw[i];
+            __syncthreads();
+        }
+        if (cosb) {
+            int half = rope_dim >> 1;
+            const float* cs = cosb + (u64)pos * half;
+            const float* sn = sinb + (u64)pos * half;
+            for (int i = threadIdx.x; i < half; i += blockDim.x) {
+                int a = neox ? i : 2 * i;
+                int bb = neox ? i + half : 2 * i + 1;
+                float x0 = h[a], x1 = h[bb], c = cs[i], s = sn[i];
+                h[a] = x0 * c - x1 * s;
+                h[bb] = x0 * s + x1 * c;
+            }
+            __syncthreads();
+        }
+    }
+    if (kind == 0) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = h[i];
+        return;
+    }
+    u32 blk = tables[(u64)rowidx[t] * tstride + pos / bs];
+    u64 at = (((u64)blk * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
+    float* dst = (kind == 1 ? kc : vc) + at;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = h[i];
+}
+
+// Attention for one (query head, token) per block (grid: (n_heads, n); block: 128).
+// Each warp walks a strided share of the visible positions with an online
+// softmax; the warps' partial results are merged at the end. Lane l holds
+// head dimensions l, l + 32, ... (head_dim <= 256).
+#define ATT_WARPS 4
+#define ATT_DPL 8
+extern "C" __global__ void attention(const float* q, int qstride, const float* kc, const float* vc,
+                                     int n_heads, int n_kv, int hd, const u32* positions,
+                                     const u32* ends, const u32* rowidx, const u32* tables,
+                                     int tstride, int bs, int nlg, int lig, int window, float scale,
+                                     float softcap, float* out, int ostride) {
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
+    __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
+    int h = blockIdx.x, t = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int group = n_heads / n_kv;
+    int kh = h / group;
+    int kvd = n_kv * hd;
+    u32 pos = positions[t];
+    int end = (int)ends[t];
+    int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
+    const u32* table = tables + (u64)rowidx[t] * tstride;
+    const float* qh = q + (u64)t * qstride + h * hd;
+    float qv[ATT_DPL], acc[ATT_DPL];
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qh[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int p = start + warp; p < end; p += ATT_WARPS) {
+        u32 blk = table[p / bs];
+        u64 at = (((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+        const float* kp = kc + at;
+        const float* vp = vc + at;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) s += qv[i] * kp[d];
+        }
+        s = warp_sum(s) * scale;
+        if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+        float mn = fmaxf(m, s);
+        float corr = __expf(m - mn);
+        float e = __expf(s - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            acc[i] = acc[i] * corr + (d < hd ? e * vp[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = 0.0f;
+    float f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
+        L += sl[w] * f[w];
+    }
+    float invL = L > 0.0f ? 1.0f / L : 0.0f;
+    float* o = out + (u64)t * ostride + h * hd;
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) {
+            float s = 0.0f;
+            for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+            o[d] = s * invL;
+        }
+    }
+}
+
+// out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
+extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
+                                   float* out) {
+    u64 total = (u64)n * inter;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (u64)gridDim.x * blockDim.x) {
+        u64 t = k / inter, i = k % inter;
+        const float* r = gu + t * stride;
+        float v = activate(kind, r[i]);
+        if (gated) v *= r[inter + i];
+        out[k] = v;
+    }
+}
+
+// x = tanh(x / c) * c in place.
+extern "C" __global__ void softcap(float* x, u64 n, float c) {
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (u64)gridDim.x * blockDim.x)
+        x[k] = tanhf(x[k] / c) * c;
+}
+
+// Greedy: index of the largest of each row (lowest index on ties; NaN never
+// wins). grid: rows; block: 1024.
+extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out) {
+    __shared__ float bv[32];
+    __shared__ u32 bi[32];
+    const float* r = x + (u64)blockIdx.x * cols;
+    float best = -INFINITY;
+    u32 idx = 0xffffffffu;
+    for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) {
+            best = v;
+            idx = (u32)i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        u32 oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        bv[w] = best;
+        bi[w] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)(blockDim.x >> 5); k++) {
+            if (bv[k] > best || (bv[k] == best && bi[k] < idx)) {
+                best = bv[k];
+                idx = bi[k];
+            }
+        }
+        out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
+    }
+}

@@ -1,0 +1,303 @@
+// Weight decoding: `unit<T>(row, u, cols, w)` writes the 32 values of unit
+// `u` of a row (elements 32u .. 32u+31) to registers. A unit is one block of
+// the 32-element types and one eighth of a k-quant super-block. The layouts
+// and formulas follow kiln-format's reference dequantization (ggml's).
+// T is the ggml type id.
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+template <int T>
+__device__ __forceinline__ void unit(const u8* __restrict__ row, int u, int cols, float* w);
+
+template <>
+__device__ __forceinline__ void unit<T_F32>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const float* p = (const float*)row + u * 32;
+    if (u * 32 + 32 <= cols && ((cols & 3) == 0)) {
+        const float4* q = (const float4*)p;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = q[i];
+            w[4 * i] = v.x;
+            w[4 * i + 1] = v.y;
+            w[4 * i + 2] = v.z;
+            w[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = (u * 32 + i < cols) ? p[i] : 0.0f;
+    }
+}
+
+template <>
+__device__ __forceinline__ void unit<T_F16>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u16* p = (const u16*)row + u * 32;
+    if (u * 32 + 32 <= cols && ((cols & 7) == 0)) {
+        const uint4* q = (const uint4*)p;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v = q[i];
+            u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[8 * i + 2 * j] = h2f((u16)(a[j] & 0xffff));
+                w[8 * i + 2 * j + 1] = h2f((u16)(a[j] >> 16));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = (u * 32 + i < cols) ? h2f(p[i]) : 0.0f;
+    }
+}
+
+template <>
+__device__ __forceinline__ void unit<T_BF16>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u16* p = (const u16*)row + u * 32;
+    if (u * 32 + 32 <= cols && ((cols & 7) == 0)) {
+        const uint4* q = (const uint4*)p;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v = q[i];
+            u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[8 * i + 2 * j] = __uint_as_float(a[j] << 16);
+                w[8 * i + 2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = (u * 32 + i < cols) ? bf2f(p[i]) : 0.0f;
+    }
+}
+
+// { f16 d; u8 qs[16] }: x = d * (q - 8)
+template <>
+__device__ __forceinline__ void unit<T_Q4_0>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + u * 18;
+    float d = ld_h(b);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u16 v = ld_u16(b + 2 + 2 * i);
+        int q0 = v & 0xff, q1 = v >> 8;
+        w[2 * i] = d * (float)((q0 & 15) - 8);
+        w[2 * i + 1] = d * (float)((q1 & 15) - 8);
+        w[2 * i + 16] = d * (float)((q0 >> 4) - 8);
+        w[2 * i + 17] = d * (float)((q1 >> 4) - 8);
+    }
+}
+
+// { f16 d; f16 m; u8 qs[16] }: x = d * q + m
+template <>
+__device__ __forceinline__ void unit<T_Q4_1>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + u * 20;
+    float d = ld_h(b), m = ld_h(b + 2);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = *(const u32*)(b + 4 + 4 * i);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int q = (v >> (8 * j)) & 0xff;
+            w[4 * i + j] = d * (float)(q & 15) + m;
+            w[4 * i + j + 16] = d * (float)(q >> 4) + m;
+        }
+    }
+}
+
+// { f16 d; u32 qh; u8 qs[16] }: x = d * (q - 16)
+template <>
+__device__ __forceinline__ void unit<T_Q5_0>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + u * 22;
+    float d = ld_h(b);
+    u32 qh = (u32)ld_u16(b + 2) | ((u32)ld_u16(b + 4) << 16);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u16 v = ld_u16(b + 6 + 2 * i);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int j = 2 * i + k;
+            int q = k ? (v >> 8) : (v & 0xff);
+            int lo = (q & 15) | (((qh >> j) & 1) << 4);
+            int hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = d * (float)(lo - 16);
+            w[j + 16] = d * (float)(hi - 16);
+        }
+    }
+}
+
+// { f16 d; f16 m; u32 qh; u8 qs[16] }: x = d * q + m
+template <>
+__device__ __forceinline__ void unit<T_Q5_1>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + u * 24;
+    float d = ld_h(b), m = ld_h(b + 2);
+    u32 qh = *(const u32*)(b + 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = *(const u32*)(b + 8 + 4 * i);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int j = 4 * i + k;
+            int q = (v >> (8 * k)) & 0xff;
+            int lo = (q & 15) | (((qh >> j) & 1) << 4);
+            int hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = d * (float)lo + m;
+            w[j + 16] = d * (float)hi + m;
+        }
+    }
+}
+
+// { f16 d; i8 qs[32] }: x = q * d
+template <>
+__device__ __forceinline__ void unit<T_Q8_0>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + u * 34;
+    float d = ld_h(b);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        u16 v = ld_u16(b + 2 + 2 * i);
+        w[2 * i] = (float)(i8)(v & 0xff) * d;
+        w[2 * i + 1] = (float)(i8)(v >> 8) * d;
+    }
+}
+
+// { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }
+template <>
+__device__ __forceinline__ void unit<T_Q2_K>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 84;
+    int j = u & 7;
+    float d = ld_h(b + 80), dmin = ld_h(b + 82);
+    const u8* qs = b + 16 + (j >> 2) * 32;
+    int shift = 2 * (j & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int sc = b[2 * j + h];
+        float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            int q = (qs[16 * h + l] >> shift) & 3;
+            w[16 * h + l] = dl * (float)q - ml;
+        }
+    }
+}
+
+// { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }
+template <>
+__device__ __forceinline__ void unit<T_Q3_K>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 110;
+    int j = u & 7;
+    float d = ld_h(b + 108);
+    const u8* hm = b;
+    const u8* qs = b + 32 + (j >> 2) * 32;
+    const u8* sc = b + 96;
+    int shift = 2 * (j & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int k = 2 * j + h;
+        int low = k < 8 ? (sc[k] & 15) : (sc[k - 8] >> 4);
+        int high = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+        float dl = d * (float)((low | (high << 4)) - 32);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            int ll = 16 * h + l;
+            int lo = (qs[ll] >> shift) & 3;
+            int hb = (hm[ll] >> j) & 1;
+            w[ll] = dl * (float)(lo - (hb ? 0 : 4));
+        }
+    }
+}
+
+// get_scale_min_k4 for sub-block j of a Q4_K / Q5_K super-block.
+__device__ __forceinline__ void k4_scale(const u8* s, int j, float d, float dmin, float* dl, float* ml) {
+    int sc, m;
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    *dl = d * (float)sc;
+    *ml = dmin * (float)m;
+}
+
+// { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }
+template <>
+__device__ __forceinline__ void unit<T_Q4_K>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 144;
+    int j = u & 7;
+    float dl, ml;
+    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
+    const uint4* qs = (const uint4*)(b + 16 + (j >> 1) * 32);
+    int shift = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint4 v = qs[i];
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int q = (a[k >> 2] >> (8 * (k & 3) + shift)) & 15;
+            w[16 * i + k] = dl * (float)q - ml;
+        }
+    }
+}
+
+// { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }
+template <>
+__device__ __forceinline__ void unit<T_Q5_K>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 176;
+    int j = u & 7;
+    float dl, ml;
+    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
+    const uint4* qs = (const uint4*)(b + 48 + (j >> 1) * 32);
+    const uint4* qh = (const uint4*)(b + 16);
+    int shift = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint4 v = qs[i], h = qh[i];
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+        u32 c[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int lo = (a[k >> 2] >> (8 * (k & 3) + shift)) & 15;
+            int hi = (c[k >> 2] >> (8 * (k & 3) + j)) & 1;
+            w[16 * i + k] = dl * (float)(lo | (hi << 4)) - ml;
+        }
+    }
+}
+
+// { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }
+template <>
+__device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 210;
+    int j = u & 7;
+    int half = j >> 2, jj = j & 3;
+    float d = ld_h(b + 208);
+    const u8* ql = b + half * 64 + (jj & 1) * 32;
+    const u8* qh = b + 128 + half * 32;
+    int ls = 4 * (jj >> 1), hs = 2 * jj;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float dl = d * (float)(i8)b[192 + 2 * j + h];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int l = 16 * h + 2 * i;
+            u16 lv = ld_u16(ql + l), hv = ld_u16(qh + l);
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                int lo = ((k ? (lv >> 8) : lv) >> ls) & 15;
+                int hi = ((k ? (hv >> 8) : hv) >> hs) & 3;
+                w[l + k] = dl * (float)((lo | (hi << 4)) - 32);
+            }
+        }
+    }
+}

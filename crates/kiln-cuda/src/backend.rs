@@ -1,0 +1,1299 @@
+//! `CudaBackend`: the decoder of every architecture, as kernels over
+//! weights kept in device memory as stored (quantized blocks included).
+//!
+//! Load-time choices: Q|K|V and gate|up are concatenated into one weight
+//! when their types agree (one GEMV launch each), norms and biases are
+//! decoded to f32, HF `Conv1D` weights are transposed to f32, RoPE tables are
+//! taken from kiln-core's `RopeTable` (so both backends rotate identically).
+//!
+//! Per call: one upload of a small block of u32 inputs (tokens, positions,
+//! block tables) to fixed device addresses, the kernels, one download of the
+//! logits (or of the greedy token ids). Single-token-per-sequence steps
+//! where every token wants logits are captured as a CUDA graph per batch
+//! size and replayed, since nothing that changes between steps is a kernel
+//! argument.
+
+use std::sync::Arc;
+
+use kiln_core::kv::{KvLayout, KvTables, NO_BLOCK};
+use kiln_core::rope::{inv_freqs, RopeTable};
+use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
+use kiln_format::dequant::{dequantize_to_vec, is_supported};
+use kiln_format::{Activation, GgmlType, Model, ModelTensor, NormKind, RopeStyle, TensorType};
+
+use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu, Graph};
+
+/// Types the GEMV / embedding kernels read directly.
+pub fn kernel_type_name(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q2K => "q2_k",
+        Q3K => "q3_k",
+        Q4K => "q4_k",
+        Q5K => "q5_k",
+        Q6K => "q6_k",
+        _ => return None,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub device: usize,
+    /// Replay decode steps as CUDA graphs.
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+        }
+    }
+}
+
+/// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
+struct DMat {
+    buf: Arc<DevBuf>,
+    /// Byte offset of row 0 in `buf`.
+    off: u64,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl DMat {
+    fn ptr(&self) -> u64 {
+        self.buf.ptr + self.off
+    }
+}
+
+/// One projection's output written by one or more matrices, each into its
+/// own row range of the output (fused when the types agree).
+struct Proj {
+    parts: Vec<(DMat, usize)>,
+    rows: usize,
+    bias: Option<DevBuf>,
+}
+
+struct DNorm {
+    w: DevBuf,
+    b: Option<DevBuf>,
+}
+
+struct DLayer {
+    attn_norm: DNorm,
+    qkv: Proj,
+    q_norm: Option<DevBuf>,
+    k_norm: Option<DevBuf>,
+    o: Proj,
+    post_attn_norm: Option<DNorm>,
+    ffn_norm: DNorm,
+    /// gate rows then up rows (gated), or up rows.
+    gate_up: Proj,
+    down: Proj,
+    post_ffn_norm: Option<DNorm>,
+}
+
+struct DRope {
+    cos: DevBuf,
+    sin: DevBuf,
+    dim: usize,
+    neox: bool,
+}
+
+/// Kernel handles, looked up once.
+struct Kernels {
+    /// Per ggml type id: the GEMV for 1, 2, 4, 8 tokens per block.
+    mm: Vec<Option<[cudarc::driver::sys::CUfunction; 4]>>,
+    embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    add_norm: cudarc::driver::sys::CUfunction,
+    gather_norm: cudarc::driver::sys::CUfunction,
+    qkv_post: cudarc::driver::sys::CUfunction,
+    attention: cudarc::driver::sys::CUfunction,
+    act_mul: cudarc::driver::sys::CUfunction,
+    softcap: cudarc::driver::sys::CUfunction,
+    argmax: cudarc::driver::sys::CUfunction,
+}
+
+impl Kernels {
+    fn load(gpu: &mut Gpu) -> CuResult<Kernels> {
+        let mut mm = vec![None; 64];
+        let mut embed = vec![None; 64];
+        for ty in GgmlType::ALL {
+            if let Some(n) = kernel_type_name(ty) {
+                let id = ty.id() as usize;
+                mm[id] = Some([
+                    gpu.func(&format!("mm_{n}_1"))?,
+                    gpu.func(&format!("mm_{n}_2"))?,
+                    gpu.func(&format!("mm_{n}_4"))?,
+                    gpu.func(&format!("mm_{n}_8"))?,
+                ]);
+                embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
+            }
+        }
+        Ok(Kernels {
+            mm,
+            embed,
+            add_norm: gpu.func("add_norm")?,
+            gather_norm: gpu.func("gather_norm")?,
+            qkv_post: gpu.func("qkv_post")?,
+            attention: gpu.func("attention")?,
+            act_mul: gpu.func("act_mul")?,
+            softcap: gpu.func("softcap")?,
+            argmax: gpu.func("argmax_rows")?,
+        })
+    }
+}
+
+/// Offsets (in u32) of the per-call inputs inside `meta`.
+#[derive(Debug, Clone, Copy)]
+struct MetaLayout {
+    tokens: usize,
+    positions: usize,
+    ends: usize,
+    rowidx: usize,
+    sel: usize,
+    /// First group's block tables; group g at `tables + g * table_len`.
+    tables: usize,
+    table_len: usize,
+    /// Block-table entries per row (sequence).
+    tstride: usize,
+    total: usize,
+}
+
+struct Scratch {
+    x: DevBuf,
+    xn: DevBuf,
+    qkv: DevBuf,
+    att: DevBuf,
+    tmp: DevBuf,
+    gu: DevBuf,
+    act: DevBuf,
+    seln: DevBuf,
+    logits: DevBuf,
+    ids: DevBuf,
+    meta: DevBuf,
+}
+
+/// Bytes a model needs on the device (weights + KV + scratch), for the
+/// up-front memory check.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryPlan {
+    pub weights: usize,
+    pub kv: usize,
+    pub scratch: usize,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> usize {
+        self.weights + self.kv + self.scratch
+    }
+}
+
+pub struct CudaBackend {
+    desc: ArchDescriptor,
+    layout: KvLayout,
+    max_batch: usize,
+    embd: DMat,
+    pos_embd: Option<DevBuf>,
+    layers: Vec<DLayer>,
+    out_norm: DNorm,
+    output: Option<DMat>,
+    ropes: Vec<DRope>,
+    kv_k: Vec<DevBuf>,
+    kv_v: Vec<DevBuf>,
+    s: Scratch,
+    ml: MetaLayout,
+    host_meta: Vec<u32>,
+    row_seqs: Vec<u32>,
+    graphs: Vec<Option<Graph>>,
+    use_graphs: bool,
+    k: Kernels,
+    plan: MemoryPlan,
+    // Last: dropped after every buffer above.
+    gpu: Gpu,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Buffers and graphs are freed next: their context must be current.
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+    }
+}
+
+fn unsupported(msg: String) -> EngineError {
+    EngineError::Unsupported(msg)
+}
+
+fn ggml_type(m: &Model, t: &ModelTensor) -> Result<GgmlType> {
+    match t.ty {
+        TensorType::Ggml(ty) if is_supported(ty) => Ok(ty),
+        other => Err(unsupported(format!(
+            "tensor '{}' of type {other} in {} (the CUDA backend reads ggml types)",
+            t.name,
+            m.path.display()
+        ))),
+    }
+}
+
+fn decode_all(m: &Model, t: &ModelTensor) -> Result<Vec<f32>> {
+    let ty = ggml_type(m, t)?;
+    dequantize_to_vec(ty, m.data(t)).map_err(|e| unsupported(format!("tensor '{}': {e}", t.name)))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Host-side description of one matrix before upload.
+struct HostMat {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Borrowed from the mapped file, or decoded (transposed HF Conv1D,
+    /// types without a kernel).
+    owned: Option<Vec<u8>>,
+    tensor: ModelTensor,
+}
+
+impl HostMat {
+    fn load(m: &Model, name: &str, rows: usize, cols: usize) -> Result<HostMat> {
+        let t = m.require(name)?;
+        let shape = t.logical_shape();
+        let (r, c) = match shape.as_slice() {
+            [r, c] => (*r as usize, *c as usize),
+            other => {
+                return Err(unsupported(format!(
+                    "tensor '{name}' has shape {other:?}, a matrix was expected"
+                )))
+            }
+        };
+        if r != rows || c != cols {
+            return Err(unsupported(format!(
+                "tensor '{name}' is [{r}, {c}], expected [{rows}, {cols}]"
+            )));
+        }
+        let ty = ggml_type(m, t)?;
+        if t.transposed {
+            let stored = decode_all(m, t)?;
+            let mut data = vec![0.0f32; rows * cols];
+            for (i, chunk) in stored.chunks_exact(rows).enumerate().take(cols) {
+                for (o, &v) in chunk.iter().enumerate() {
+                    data[o * cols + i] = v;
+                }
+            }
+            return Ok(HostMat {
+                ty: GgmlType::F32,
+                rows,
+                cols,
+                owned: Some(f32_bytes(&data)),
+                tensor: t.clone(),
+            });
+        }
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        if kernel_type_name(ty).is_none() || cols % ty.block_size() != 0 {
+            // No kernel reads this type (i-quants …): decode to f32 once.
+            let v = decode_all(m, t)?;
+            return Ok(HostMat {
+                ty: GgmlType::F32,
+                rows,
+                cols,
+                owned: Some(f32_bytes(&v)),
+                tensor: t.clone(),
+            });
+        }
+        Ok(HostMat {
+            ty,
+            rows,
+            cols,
+            owned: None,
+            tensor: t.clone(),
+        })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+
+    fn bytes<'a>(&'a self, m: &'a Model) -> &'a [u8] {
+        match &self.owned {
+            Some(v) => v,
+            None => m.data(&self.tensor),
+        }
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.rows * self.row_bytes()
+    }
+}
+
+/// Uploads matrices as one projection: one buffer when all types agree.
+fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<Proj> {
+    let rows: usize = mats.iter().map(|h| h.rows).sum();
+    let same = mats.windows(2).all(|w| w[0].ty == w[1].ty);
+    let mut parts = Vec::new();
+    if same {
+        let total: usize = mats.iter().map(HostMat::device_bytes).sum();
+        let buf = Arc::new(DevBuf::alloc(total)?);
+        let mut off = 0usize;
+        for h in &mats {
+            let data = h.bytes(m);
+            let n = h.device_bytes();
+            let src = data.get(..n).ok_or_else(|| {
+                unsupported(format!(
+                    "tensor '{}' is shorter than its shape",
+                    h.tensor.name
+                ))
+            })?;
+            // SAFETY: buf holds `total` bytes; off + n <= total.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_sync(buf.ptr + off as u64, src)
+                    .map_err(|e| CudaError(format!("CUDA upload: {e}")))?;
+            }
+            off += n;
+        }
+        let h0 = &mats[0];
+        parts.push((
+            DMat {
+                buf,
+                off: 0,
+                ty: h0.ty,
+                rows,
+                cols: h0.cols,
+                row_bytes: h0.row_bytes(),
+            },
+            0,
+        ));
+    } else {
+        let mut r0 = 0;
+        for h in &mats {
+            let data = h.bytes(m);
+            let src = data.get(..h.device_bytes()).ok_or_else(|| {
+                unsupported(format!(
+                    "tensor '{}' is shorter than its shape",
+                    h.tensor.name
+                ))
+            })?;
+            let buf = Arc::new(DevBuf::from_bytes(src)?);
+            parts.push((
+                DMat {
+                    buf,
+                    off: 0,
+                    ty: h.ty,
+                    rows: h.rows,
+                    cols: h.cols,
+                    row_bytes: h.row_bytes(),
+                },
+                r0,
+            ));
+            r0 += h.rows;
+        }
+    }
+    let bias = match bias {
+        Some(b) => Some(DevBuf::from_f32(&b)?),
+        None => None,
+    };
+    Ok(Proj { parts, rows, bias })
+}
+
+fn vector(m: &Model, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+    let t = m.require(name)?;
+    let mut v = decode_all(m, t)?;
+    if v.len() != len {
+        return Err(unsupported(format!(
+            "tensor '{name}' has {} values, expected {len}",
+            v.len()
+        )));
+    }
+    if offset != 0.0 {
+        v.iter_mut().for_each(|x| *x += offset);
+    }
+    Ok(v)
+}
+
+fn opt_vector(m: &Model, name: &str, len: usize, offset: f32) -> Result<Option<Vec<f32>>> {
+    if m.tensor(name).is_none() {
+        return Ok(None);
+    }
+    vector(m, name, len, offset).map(Some)
+}
+
+fn dev_opt(v: Option<Vec<f32>>) -> Result<Option<DevBuf>> {
+    Ok(match v {
+        Some(v) => Some(DevBuf::from_f32(&v)?),
+        None => None,
+    })
+}
+
+fn load_norm(m: &Model, d: &ArchDescriptor, stem: &str) -> Result<DNorm> {
+    Ok(DNorm {
+        w: DevBuf::from_f32(&vector(
+            m,
+            &format!("{stem}.weight"),
+            d.hidden,
+            d.norm_weight_offset,
+        )?)?,
+        b: dev_opt(opt_vector(m, &format!("{stem}.bias"), d.hidden, 0.0)?)?,
+    })
+}
+
+fn load_norm_opt(m: &Model, d: &ArchDescriptor, stem: &str) -> Result<Option<DNorm>> {
+    if m.tensor(&format!("{stem}.weight")).is_none() {
+        return Ok(None);
+    }
+    load_norm(m, d, stem).map(Some)
+}
+
+/// Concatenated biases of parts (zeros for parts without one), or None.
+fn cat_bias(parts: &[(Option<Vec<f32>>, usize)]) -> Option<Vec<f32>> {
+    if parts.iter().all(|(b, _)| b.is_none()) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (b, len) in parts {
+        match b {
+            Some(b) => out.extend_from_slice(b),
+            None => out.extend(std::iter::repeat_n(0.0, *len)),
+        }
+    }
+    Some(out)
+}
+
+fn load_layer(m: &Model, d: &ArchDescriptor, i: usize) -> Result<DLayer> {
+    let p = |n: &str| format!("blk.{i}.{n}");
+    let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
+    let bias = |n: &str, len: usize| opt_vector(m, &p(&format!("{n}.bias")), len, 0.0);
+    let mat = |n: &str, rows: usize, cols: usize| {
+        HostMat::load(m, &p(&format!("{n}.weight")), rows, cols)
+    };
+    let qkv = if d.fused_qkv {
+        upload_proj(
+            m,
+            vec![mat("attn_qkv", qd + 2 * kvd, hid)?],
+            bias("attn_qkv", qd + 2 * kvd)?,
+        )?
+    } else {
+        let b = cat_bias(&[
+            (bias("attn_q", qd)?, qd),
+            (bias("attn_k", kvd)?, kvd),
+            (bias("attn_v", kvd)?, kvd),
+        ]);
+        upload_proj(
+            m,
+            vec![
+                mat("attn_q", qd, hid)?,
+                mat("attn_k", kvd, hid)?,
+                mat("attn_v", kvd, hid)?,
+            ],
+            b,
+        )?
+    };
+    let off = d.norm_weight_offset;
+    let (q_norm, k_norm) = if d.qk_norm {
+        (
+            Some(DevBuf::from_f32(&vector(
+                m,
+                &p("attn_q_norm.weight"),
+                d.head_dim,
+                off,
+            )?)?),
+            Some(DevBuf::from_f32(&vector(
+                m,
+                &p("attn_k_norm.weight"),
+                d.head_dim,
+                off,
+            )?)?),
+        )
+    } else {
+        (None, None)
+    };
+    let gate_up = if d.gated_ffn {
+        let b = cat_bias(&[
+            (bias("ffn_gate", inter)?, inter),
+            (bias("ffn_up", inter)?, inter),
+        ]);
+        upload_proj(
+            m,
+            vec![mat("ffn_gate", inter, hid)?, mat("ffn_up", inter, hid)?],
+            b,
+        )?
+    } else {
+        upload_proj(m, vec![mat("ffn_up", inter, hid)?], bias("ffn_up", inter)?)?
+    };
+    Ok(DLayer {
+        attn_norm: load_norm(m, d, &p("attn_norm"))?,
+        qkv,
+        q_norm,
+        k_norm,
+        o: upload_proj(
+            m,
+            vec![mat("attn_output", hid, qd)?],
+            bias("attn_output", hid)?,
+        )?,
+        post_attn_norm: if d.post_attn_norm {
+            load_norm_opt(m, d, &p("post_attention_norm"))?
+        } else {
+            None
+        },
+        ffn_norm: load_norm(m, d, &p("ffn_norm"))?,
+        gate_up,
+        down: upload_proj(
+            m,
+            vec![mat("ffn_down", hid, inter)?],
+            bias("ffn_down", hid)?,
+        )?,
+        post_ffn_norm: if d.post_ffn_norm {
+            load_norm_opt(m, d, &p("post_ffw_norm"))?
+        } else {
+            None
+        },
+    })
+}
+
+/// cos/sin of a kiln-core RopeTable, read back through its public `apply`.
+fn rope_table_arrays(t: &RopeTable, max_ctx: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = t.dim / 2;
+    let mut cos = Vec::with_capacity(max_ctx * half);
+    let mut sin = Vec::with_capacity(max_ctx * half);
+    let mut x = vec![0.0f32; t.dim];
+    for p in 0..max_ctx {
+        // Pair i = (1, 0): rotates to (cos, sin).
+        x.iter_mut().for_each(|v| *v = 0.0);
+        for i in 0..half {
+            match t.style {
+                RopeStyle::Interleaved => x[2 * i] = 1.0,
+                RopeStyle::Neox => x[i] = 1.0,
+            }
+        }
+        t.apply(&mut x, p);
+        for i in 0..half {
+            let (c, s) = match t.style {
+                RopeStyle::Interleaved => (x[2 * i], x[2 * i + 1]),
+                RopeStyle::Neox => (x[i], x[i + half]),
+            };
+            cos.push(c);
+            sin.push(s);
+        }
+    }
+    (cos, sin)
+}
+
+fn norm_kind(k: NormKind) -> i32 {
+    match k {
+        NormKind::Rms => 0,
+        NormKind::Layer => 1,
+    }
+}
+
+fn act_kind(a: Activation) -> i32 {
+    match a {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+        Activation::Gelu => 2,
+    }
+}
+
+fn opt_ptr(b: &Option<DevBuf>) -> u64 {
+    b.as_ref().map_or(0, |b| b.ptr)
+}
+
+/// Device bytes the weights of `m` take (as the backend stores them).
+fn weight_bytes(m: &Model) -> usize {
+    m.tensors()
+        .iter()
+        .map(|t| match t.ty {
+            TensorType::Ggml(ty) if kernel_type_name(ty).is_some() && !t.transposed => {
+                t.n_bytes as usize
+            }
+            _ => t.n_elements() as usize * 4,
+        })
+        .sum()
+}
+
+impl CudaBackend {
+    /// Opens the GPU, checks that everything fits, uploads the weights once
+    /// and allocates the KV pool for `layout` and scratch for `max_batch`
+    /// tokens.
+    pub fn new(
+        model: Arc<Model>,
+        desc: ArchDescriptor,
+        layout: KvLayout,
+        max_batch: usize,
+        opts: CudaOptions,
+    ) -> Result<Self> {
+        let gpu = Gpu::new(opts.device)?;
+        Self::with_gpu(gpu, model, desc, layout, max_batch, opts)
+    }
+
+    pub fn with_gpu(
+        mut gpu: Gpu,
+        model: Arc<Model>,
+        desc: ArchDescriptor,
+        layout: KvLayout,
+        max_batch: usize,
+        opts: CudaOptions,
+    ) -> Result<Self> {
+        let m = &*model;
+        let d = &desc;
+        let max_batch = max_batch.max(1);
+        if d.head_dim > 256 {
+            return Err(unsupported(format!(
+                "head_dim {} (the CUDA attention kernel takes up to 256)",
+                d.head_dim
+            )));
+        }
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        if d.n_kv_heads == 0 || d.n_heads % d.n_kv_heads != 0 {
+            return Err(unsupported(format!(
+                "{} query heads over {} KV heads",
+                d.n_heads, d.n_kv_heads
+            )));
+        }
+        gpu.bind()?;
+
+        // Sizes first: a model that does not fit is an error here, not later.
+        let b = max_batch;
+        let (hid, qd, kvd, inter, vocab) = (
+            d.hidden,
+            d.q_dim(),
+            d.kv_dim(),
+            d.intermediate,
+            d.vocab_size,
+        );
+        let qkv_dim = qd + 2 * kvd;
+        let tstride = layout.max_ctx.div_ceil(layout.block_size);
+        let rows_max = b.min(layout.max_seqs).max(1);
+        let table_len = rows_max * tstride;
+        let mut o = 0;
+        let mut take = |n: usize| {
+            let at = o;
+            o += n.div_ceil(4) * 4;
+            at
+        };
+        let ml = MetaLayout {
+            tokens: take(b),
+            positions: take(b),
+            ends: take(b),
+            rowidx: take(b),
+            sel: take(b),
+            tables: take(table_len * layout.groups.len()),
+            table_len,
+            tstride,
+            total: 0,
+        };
+        let ml = MetaLayout { total: o, ..ml };
+        let scratch_floats = b * (4 * hid + qkv_dim + qd + 2 * inter + inter) + b * vocab;
+        let plan = MemoryPlan {
+            weights: weight_bytes(m),
+            kv: layout.total_bytes(),
+            scratch: scratch_floats * 4 + ml.total * 4 + b * 4,
+        };
+        let (free, total) = gpu.mem_info()?;
+        let margin = 256 << 20;
+        if plan.total() + margin > free {
+            let gib = |x: usize| x as f64 / (1u64 << 30) as f64;
+            return Err(unsupported(format!(
+                "the model needs {:.2} GiB on the GPU (weights {:.2}, KV cache {:.2}, scratch {:.2}) \
+                 but {} has {:.2} GiB free of {:.2}; lower the context size (-c) or use --device cpu",
+                gib(plan.total()),
+                gib(plan.weights),
+                gib(plan.kv),
+                gib(plan.scratch),
+                gpu.info.name,
+                gib(free),
+                gib(total)
+            )));
+        }
+
+        let k = Kernels::load(&mut gpu)?;
+
+        // Weights.
+        let embd_h = HostMat::load(m, "token_embd.weight", vocab, hid)?;
+        let embd_p = upload_proj(m, vec![embd_h], None)?;
+        let embd = embd_p
+            .parts
+            .into_iter()
+            .next()
+            .map(|(mat, _)| mat)
+            .ok_or_else(|| unsupported("token_embd".into()))?;
+        let pos_embd = if d.learned_positions {
+            let t = m.require("position_embd.weight")?;
+            let shape = t.logical_shape();
+            let (rows, cols) = match shape.as_slice() {
+                [r, c] => (*r as usize, *c as usize),
+                _ => (0, 0),
+            };
+            if cols != hid {
+                return Err(unsupported(
+                    "position_embd.weight width differs from the hidden size".into(),
+                ));
+            }
+            if layout.max_ctx > rows {
+                return Err(EngineError::Input(format!(
+                    "context {} exceeds the model's {rows} learned positions",
+                    layout.max_ctx
+                )));
+            }
+            let h = HostMat::load(m, "position_embd.weight", rows, cols)?;
+            let v = match (&h.owned, h.ty) {
+                (Some(bytes), GgmlType::F32) => bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                _ => decode_all(m, t)?,
+            };
+            Some(DevBuf::from_f32(&v)?)
+        } else {
+            None
+        };
+        let layers = (0..d.n_layers)
+            .map(|i| load_layer(m, d, i))
+            .collect::<Result<Vec<_>>>()?;
+        let output = if d.tied_embeddings {
+            None
+        } else {
+            let h = HostMat::load(m, "output.weight", vocab, hid)?;
+            let p = upload_proj(m, vec![h], None)?;
+            p.parts.into_iter().next().map(|(mat, _)| mat)
+        };
+        let out_norm = load_norm(m, d, "output_norm")?;
+
+        // RoPE tables, built exactly as the CPU backend builds them.
+        let mut ropes = Vec::new();
+        if let Some(r) = &d.rope {
+            let ff = match m.tensor("rope_freqs.weight") {
+                Some(_) => Some(vector(m, "rope_freqs.weight", r.dim / 2, 0.0)?),
+                None => None,
+            };
+            let mut tables = Vec::new();
+            let (f, s) = inv_freqs(r, r.theta, true, ff.as_deref());
+            tables.push(RopeTable::new(r.dim, r.style, &f, s, layout.max_ctx));
+            if let Some(tl) = r.theta_local {
+                let (f, s) = inv_freqs(r, tl, false, None);
+                tables.push(RopeTable::new(r.dim, r.style, &f, s, layout.max_ctx));
+            }
+            for t in &tables {
+                if t.dim > d.head_dim || t.dim % 2 != 0 {
+                    return Err(unsupported(format!(
+                        "RoPE over {} of {} head dimensions",
+                        t.dim, d.head_dim
+                    )));
+                }
+                let (c, s) = rope_table_arrays(t, layout.max_ctx);
+                ropes.push(DRope {
+                    cos: DevBuf::from_f32(&c)?,
+                    sin: DevBuf::from_f32(&s)?,
+                    dim: t.dim,
+                    neox: t.style == RopeStyle::Neox,
+                });
+            }
+        }
+
+        // KV pool (f32, the CPU layout) and scratch.
+        let mut kv_k = Vec::new();
+        let mut kv_v = Vec::new();
+        for g in 0..layout.groups.len() {
+            let bytes = layout.groups[g].n_blocks * layout.block_elems(g) * 4;
+            kv_k.push(DevBuf::zeroed(bytes)?);
+            kv_v.push(DevBuf::zeroed(bytes)?);
+        }
+        let f = |n: usize| DevBuf::zeroed(n * 4);
+        let s = Scratch {
+            x: f(b * hid)?,
+            xn: f(b * hid)?,
+            qkv: f(b * qkv_dim)?,
+            att: f(b * qd)?,
+            tmp: f(b * hid)?,
+            gu: f(b * 2 * inter)?,
+            act: f(b * inter)?,
+            seln: f(b * hid)?,
+            logits: f(b * vocab)?,
+            ids: f(b)?,
+            meta: f(ml.total)?,
+        };
+        let max_graph = b.min(layout.max_seqs).min(64);
+        Ok(CudaBackend {
+            host_meta: vec![0; ml.total],
+            row_seqs: Vec::with_capacity(b),
+            graphs: (0..=max_graph).map(|_| None).collect(),
+            use_graphs: opts.graphs,
+            desc,
+            layout,
+            max_batch,
+            embd,
+            pos_embd,
+            layers,
+            out_norm,
+            output,
+            ropes,
+            kv_k,
+            kv_v,
+            s,
+            ml,
+            k,
+            plan,
+            gpu,
+        })
+    }
+
+    pub fn device(&self) -> &crate::gpu::DeviceInfo {
+        &self.gpu.info
+    }
+
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.plan
+    }
+
+    /// Bytes of weights read per decoded token (all matrices but the
+    /// embedding table, plus the output matrix, tied or not).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let proj = |p: &Proj| -> usize { p.parts.iter().map(|(m, _)| m.rows * m.row_bytes).sum() };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| proj(&l.qkv) + proj(&l.o) + proj(&l.gate_up) + proj(&l.down))
+            .sum();
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        layers + out.rows * out.row_bytes
+    }
+
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    fn validate(&self, batch: &Batch<'_>, kvt: &KvTables) -> Result<()> {
+        let n = batch.len();
+        let d = &self.desc;
+        if n > self.max_batch
+            || batch.positions.len() != n
+            || batch.seqs.len() != n
+            || batch.want_logits.len() != n
+        {
+            return Err(EngineError::Input(format!(
+                "batch of {n} tokens (max {}) with mismatched field lengths",
+                self.max_batch
+            )));
+        }
+        let bs = self.layout.block_size;
+        for i in 0..n {
+            let (tok, pos, seq) = (
+                batch.tokens[i] as usize,
+                batch.positions[i] as usize,
+                batch.seqs[i] as usize,
+            );
+            if tok >= d.vocab_size || pos >= self.layout.max_ctx {
+                return Err(EngineError::Input(format!(
+                    "token {tok} at position {pos}: vocabulary {}, context {}",
+                    d.vocab_size, self.layout.max_ctx
+                )));
+            }
+            for g in 0..self.layout.groups.len() {
+                if kvt
+                    .table(seq, g)
+                    .get(pos / bs)
+                    .is_none_or(|&b| b == NO_BLOCK)
+                {
+                    return Err(EngineError::Input(format!(
+                        "sequence {seq} has no KV block for position {pos}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills and uploads the per-call inputs; returns the logits row count.
+    fn stage(&mut self, batch: &Batch<'_>, kvt: &KvTables) -> Result<usize> {
+        let n = batch.len();
+        let ml = self.ml;
+        let hm = &mut self.host_meta;
+        self.row_seqs.clear();
+        let mut k = 0;
+        for i in 0..n {
+            let (pos, seq) = (batch.positions[i], batch.seqs[i]);
+            hm[ml.tokens + i] = batch.tokens[i];
+            hm[ml.positions + i] = pos;
+            hm[ml.ends + i] = if self.desc.causal {
+                pos + 1
+            } else {
+                (kvt.len(seq as usize) as u32).max(pos + 1)
+            };
+            let row = match self.row_seqs.iter().position(|&s| s == seq) {
+                Some(r) => r,
+                None => {
+                    let rows_max = ml.table_len / ml.tstride.max(1);
+                    if self.row_seqs.len() >= rows_max {
+                        return Err(EngineError::Input(format!(
+                            "more than {rows_max} sequences in one batch"
+                        )));
+                    }
+                    self.row_seqs.push(seq);
+                    for g in 0..self.layout.groups.len() {
+                        let t = kvt.table(seq as usize, g);
+                        let r = self.row_seqs.len() - 1;
+                        let at = ml.tables + g * ml.table_len + r * ml.tstride;
+                        let len = t.len().min(ml.tstride);
+                        hm[at..at + len].copy_from_slice(&t[..len]);
+                    }
+                    self.row_seqs.len() - 1
+                }
+            };
+            hm[ml.rowidx + i] = row as u32;
+            if batch.want_logits[i] {
+                hm[ml.sel + k] = i as u32;
+                k += 1;
+            }
+        }
+        self.gpu.bind()?;
+        self.gpu
+            .upload_async(self.s.meta.ptr, &self.host_meta[..])?;
+        Ok(k)
+    }
+
+    fn meta_ptr(&self, off: usize) -> u64 {
+        self.s.meta.ptr + off as u64 * 4
+    }
+
+    /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
+    #[allow(clippy::too_many_arguments)]
+    fn mm(&self, mat: &DMat, bias: u64, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
+        let fs = self.k.mm[mat.ty.id() as usize]
+            .ok_or_else(|| CudaError(format!("no GEMV kernel for {}", mat.ty)))?;
+        let (fi, nt) = match n {
+            1 => (0, 1),
+            2 => (1, 2),
+            3 | 4 => (2, 4),
+            _ => (3, 8),
+        };
+        const WARPS: usize = 4;
+        self.gpu.launch(
+            fs[fi],
+            (mat.rows.div_ceil(WARPS) as u32, n.div_ceil(nt) as u32, 1),
+            (WARPS * 32) as u32,
+            &[
+                Arg::P(mat.ptr()),
+                Arg::P(mat.row_bytes as u64),
+                Arg::I(mat.rows as i32),
+                Arg::I(mat.cols as i32),
+                Arg::P(x),
+                Arg::I(n as i32),
+                Arg::P(y),
+                Arg::I(ystride as i32),
+                Arg::P(bias),
+            ],
+        )
+    }
+
+    /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
+    fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
+        for (mat, r0) in &p.parts {
+            let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
+            self.mm(mat, bias, x, n, y + *r0 as u64 * 4, ystride)?;
+        }
+        Ok(())
+    }
+
+    fn add_norm(
+        &self,
+        n: usize,
+        y: u64,
+        post: Option<&DNorm>,
+        norm: Option<&DNorm>,
+        out: u64,
+    ) -> CuResult<()> {
+        let d = &self.desc;
+        self.gpu.launch(
+            self.k.add_norm,
+            (n as u32, 1, 1),
+            256,
+            &[
+                Arg::P(self.s.x.ptr),
+                Arg::P(y),
+                Arg::P(post.map_or(0, |p| p.w.ptr)),
+                Arg::P(post.map_or(0, |p| opt_ptr(&p.b))),
+                Arg::P(norm.map_or(0, |p| p.w.ptr)),
+                Arg::P(norm.map_or(0, |p| opt_ptr(&p.b))),
+                Arg::P(out),
+                Arg::I(d.hidden as i32),
+                Arg::F(d.norm_eps),
+                Arg::I(norm_kind(d.norm)),
+            ],
+        )
+    }
+
+    /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
+    /// want logits; with `greedy`, also the argmax of each logits row.
+    fn enqueue(&self, n: usize, k: usize, greedy: bool) -> CuResult<()> {
+        let d = &self.desc;
+        let s = &self.s;
+        let ml = self.ml;
+        let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
+        let qkv_dim = qd + 2 * kvd;
+
+        let ef = self.k.embed[self.embd.ty.id() as usize]
+            .ok_or_else(|| CudaError(format!("no embedding kernel for {}", self.embd.ty)))?;
+        self.gpu.launch(
+            ef,
+            (n as u32, 1, 1),
+            128,
+            &[
+                Arg::P(self.embd.ptr()),
+                Arg::P(self.embd.row_bytes as u64),
+                Arg::I(hid as i32),
+                Arg::P(self.meta_ptr(ml.tokens)),
+                Arg::P(self.meta_ptr(ml.positions)),
+                Arg::F(d.embedding_scale),
+                Arg::P(opt_ptr(&self.pos_embd)),
+                Arg::P(s.x.ptr),
+            ],
+        )?;
+
+        for (li, l) in self.layers.iter().enumerate() {
+            let ld = d.layers[li];
+            if li == 0 {
+                self.add_norm(n, 0, None, Some(&l.attn_norm), s.xn.ptr)?;
+            }
+            self.proj(&l.qkv, s.xn.ptr, n, s.qkv.ptr, qkv_dim)?;
+            let (g, lig) = self.layout.layer_slot[li];
+            let nlg = self.layout.groups[g].layers.len();
+            let rope = self.ropes.get(ld.rope_table);
+            let tables = self.meta_ptr(ml.tables + g * ml.table_len);
+            self.gpu.launch(
+                self.k.qkv_post,
+                ((d.n_heads + 2 * d.n_kv_heads) as u32, n as u32, 1),
+                128,
+                &[
+                    Arg::P(s.qkv.ptr),
+                    Arg::I(qkv_dim as i32),
+                    Arg::I(d.n_heads as i32),
+                    Arg::I(d.n_kv_heads as i32),
+                    Arg::I(d.head_dim as i32),
+                    Arg::P(opt_ptr(&l.q_norm)),
+                    Arg::P(opt_ptr(&l.k_norm)),
+                    Arg::F(d.norm_eps),
+                    Arg::P(rope.map_or(0, |r| r.cos.ptr)),
+                    Arg::P(rope.map_or(0, |r| r.sin.ptr)),
+                    Arg::I(rope.map_or(0, |r| r.dim as i32)),
+                    Arg::I(rope.map_or(0, |r| i32::from(r.neox))),
+                    Arg::P(self.meta_ptr(ml.positions)),
+                    Arg::P(self.meta_ptr(ml.rowidx)),
+                    Arg::P(tables),
+                    Arg::I(ml.tstride as i32),
+                    Arg::I(self.layout.block_size as i32),
+                    Arg::I(nlg as i32),
+                    Arg::I(lig as i32),
+                    Arg::P(self.kv_k[g].ptr),
+                    Arg::P(self.kv_v[g].ptr),
+                ],
+            )?;
+            self.gpu.launch(
+                self.k.attention,
+                (d.n_heads as u32, n as u32, 1),
+                128,
+                &[
+                    Arg::P(s.qkv.ptr),
+                    Arg::I(qkv_dim as i32),
+                    Arg::P(self.kv_k[g].ptr),
+                    Arg::P(self.kv_v[g].ptr),
+                    Arg::I(d.n_heads as i32),
+                    Arg::I(d.n_kv_heads as i32),
+                    Arg::I(d.head_dim as i32),
+                    Arg::P(self.meta_ptr(ml.positions)),
+                    Arg::P(self.meta_ptr(ml.ends)),
+                    Arg::P(self.meta_ptr(ml.rowidx)),
+                    Arg::P(tables),
+                    Arg::I(ml.tstride as i32),
+                    Arg::I(self.layout.block_size as i32),
+                    Arg::I(nlg as i32),
+                    Arg::I(lig as i32),
+                    Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
+                    Arg::F(d.attn_scale),
+                    Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                    Arg::P(s.att.ptr),
+                    Arg::I(qd as i32),
+                ],
+            )?;
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid)?;
+            self.add_norm(
+                n,
+                s.tmp.ptr,
+                l.post_attn_norm.as_ref(),
+                Some(&l.ffn_norm),
+                s.xn.ptr,
+            )?;
+            let gu_stride = l.gate_up.rows;
+            self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride)?;
+            let total = n * inter;
+            self.gpu.launch(
+                self.k.act_mul,
+                (total.div_ceil(256).clamp(1, 8192) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.gu.ptr),
+                    Arg::I(gu_stride as i32),
+                    Arg::I(inter as i32),
+                    Arg::I(n as i32),
+                    Arg::I(i32::from(d.gated_ffn)),
+                    Arg::I(act_kind(d.activation)),
+                    Arg::P(s.act.ptr),
+                ],
+            )?;
+            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid)?;
+            let next = self.layers.get(li + 1).map(|nl| &nl.attn_norm);
+            self.add_norm(n, s.tmp.ptr, l.post_ffn_norm.as_ref(), next, s.xn.ptr)?;
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        self.gpu.launch(
+            self.k.gather_norm,
+            (k as u32, 1, 1),
+            256,
+            &[
+                Arg::P(s.x.ptr),
+                Arg::P(self.meta_ptr(ml.sel)),
+                Arg::P(self.out_norm.w.ptr),
+                Arg::P(opt_ptr(&self.out_norm.b)),
+                Arg::P(s.seln.ptr),
+                Arg::I(hid as i32),
+                Arg::F(d.norm_eps),
+                Arg::I(norm_kind(d.norm)),
+            ],
+        )?;
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size)?;
+        if let Some(c) = d.final_softcap {
+            let total = k * d.vocab_size;
+            self.gpu.launch(
+                self.k.softcap,
+                (total.div_ceil(256).clamp(1, 8192) as u32, 1, 1),
+                256,
+                &[Arg::P(s.logits.ptr), Arg::P(total as u64), Arg::F(c)],
+            )?;
+        }
+        if greedy {
+            self.gpu.launch(
+                self.k.argmax,
+                (k as u32, 1, 1),
+                1024,
+                &[
+                    Arg::P(s.logits.ptr),
+                    Arg::P(d.vocab_size as u64),
+                    Arg::P(s.ids.ptr),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs the staged step: replayed from a graph when it is a decode step
+    /// (one token per sequence, all wanting logits) and graphs are on.
+    fn run(&mut self, batch: &Batch<'_>, k: usize, greedy: bool) -> Result<()> {
+        let n = batch.len();
+        let decode_like = k == n && n < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
+        if !decode_like {
+            self.enqueue(n, k, greedy)?;
+            return Ok(());
+        }
+        // Graphs are keyed by n; the greedy argmax is a separate launch so
+        // one graph serves both paths.
+        if self.graphs[n].is_none() {
+            self.gpu.begin_capture()?;
+            let r = self.enqueue(n, k, false);
+            let g = self.gpu.end_capture();
+            r?;
+            self.graphs[n] = Some(g?);
+        }
+        if let Some(g) = &self.graphs[n] {
+            self.gpu.replay(g)?;
+        }
+        if greedy {
+            let d = &self.desc;
+            self.gpu.launch(
+                self.k.argmax,
+                (k as u32, 1, 1),
+                1024,
+                &[
+                    Arg::P(self.s.logits.ptr),
+                    Arg::P(d.vocab_size as u64),
+                    Arg::P(self.s.ids.ptr),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Like [`Backend::forward`], but only the greedy token id of each row
+    /// that wants logits comes back (argmax on the GPU; lowest id on ties,
+    /// as `kiln_core::sampler::argmax`).
+    pub fn forward_greedy(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        ids: &mut [u32],
+    ) -> Result<()> {
+        let n = batch.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.validate(batch, kv)?;
+        let k = batch.n_logits();
+        if ids.len() < k {
+            return Err(EngineError::Input("ids buffer too small".into()));
+        }
+        self.stage(batch, kv)?;
+        self.run(batch, k, true)?;
+        self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
+        self.gpu.sync()?;
+        Ok(())
+    }
+}
+
+/// Decode steps have one token per sequence; prefill chunks are never graphed.
+fn repeats_seq(batch: &Batch<'_>) -> bool {
+    let s = batch.seqs;
+    (1..s.len()).any(|i| s[..i].contains(&s[i]))
+}
+
+impl Backend for CudaBackend {
+    fn desc(&self) -> &ArchDescriptor {
+        &self.desc
+    }
+
+    fn max_batch_tokens(&self) -> usize {
+        self.max_batch
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()> {
+        let n = batch.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.validate(batch, kv)?;
+        let k = batch.n_logits();
+        let vocab = self.desc.vocab_size;
+        if logits.len() < k * vocab {
+            return Err(EngineError::Input("logits buffer too small".into()));
+        }
+        self.stage(batch, kv)?;
+        self.run(batch, k, false)?;
+        if k > 0 {
+            self.gpu
+                .download_async(&mut logits[..k * vocab], self.s.logits.ptr)?;
+        }
+        self.gpu.sync()?;
+        Ok(())
+    }
+}

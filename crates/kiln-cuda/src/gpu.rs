@@ -1,0 +1,581 @@
+//! The device: driver checks, context and stream, the kernel module (NVRTC
+//! compiled, cached on disk), raw device buffers and kernel launches.
+//!
+//! Everything goes through cudarc's thin `result`/`sys` layers with the
+//! libraries loaded at run time: a machine without CUDA builds and runs the
+//! rest of kiln, and asking for the GPU there is an error, never a crash.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudarc::driver::{result as dr, sys};
+
+/// A device-side failure, with what was being done.
+#[derive(Debug, Clone)]
+pub struct CudaError(pub String);
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+impl From<CudaError> for kiln_core::EngineError {
+    fn from(e: CudaError) -> Self {
+        kiln_core::EngineError::Unsupported(e.0)
+    }
+}
+
+pub type CuResult<T> = std::result::Result<T, CudaError>;
+
+const HINT: &str = "run with --device cpu to use the CPU backend";
+
+fn drv<T>(what: &str, r: std::result::Result<T, dr::DriverError>) -> CuResult<T> {
+    r.map_err(|e| {
+        let name = e
+            .error_name()
+            .ok()
+            .and_then(|s| s.to_str().ok())
+            .unwrap_or("?");
+        CudaError(format!("CUDA {what}: {name} ({})", e.0 as i32))
+    })
+}
+
+/// cudarc panics when a library or symbol is missing; turn that into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> CuResult<T>) -> CuResult<T> {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(prev);
+    match r {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(CudaError(format!("{what} failed: {msg}; {HINT}")))
+        }
+    }
+}
+
+/// Whether a CUDA driver library can be loaded at all (cheap; no device work).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version as (major, minor), if the library is present.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    // SAFETY: dlopen only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return None;
+    }
+    guarded("NVRTC", || {
+        let (mut a, mut b) = (0i32, 0i32);
+        // SAFETY: plain out-pointers.
+        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+        r.result()
+            .map_err(|e| CudaError(format!("nvrtcVersion: {e:?}")))?;
+        Ok((a, b))
+    })
+    .ok()
+}
+
+/// A device allocation (freed on drop; the owner keeps the context current).
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn alloc(bytes: usize) -> CuResult<DevBuf> {
+        let b = bytes.max(16);
+        // SAFETY: plain allocation in the current context.
+        let ptr = drv(&format!("allocating {b} bytes"), unsafe {
+            dr::malloc_sync(b)
+        })?;
+        Ok(DevBuf { ptr, bytes: b })
+    }
+
+    pub fn from_bytes(data: &[u8]) -> CuResult<DevBuf> {
+        let b = DevBuf::alloc(data.len())?;
+        if !data.is_empty() {
+            // SAFETY: b holds at least data.len() bytes.
+            drv("upload", unsafe { dr::memcpy_htod_sync(b.ptr, data) })?;
+        }
+        Ok(b)
+    }
+
+    pub fn from_f32(data: &[f32]) -> CuResult<DevBuf> {
+        let b = DevBuf::alloc(std::mem::size_of_val(data))?;
+        if !data.is_empty() {
+            // SAFETY: as above.
+            drv("upload", unsafe { dr::memcpy_htod_sync(b.ptr, data) })?;
+        }
+        Ok(b)
+    }
+
+    pub fn zeroed(bytes: usize) -> CuResult<DevBuf> {
+        let b = DevBuf::alloc(bytes)?;
+        // SAFETY: within the allocation.
+        drv("memset", unsafe { dr::memset_d8_sync(b.ptr, 0, b.bytes) })?;
+        Ok(b)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync, freed once.
+        let _ = unsafe { dr::free_sync(self.ptr) };
+    }
+}
+
+/// One kernel argument (passed by value).
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// Device pointer or u64.
+    P(u64),
+    I(i32),
+    F(f32),
+}
+
+/// Device facts for messages and for choosing the kernels' target.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub cc: (i32, i32),
+    pub sms: i32,
+    pub driver_version: i32,
+    pub nvrtc: Option<(i32, i32)>,
+    pub total_mem: usize,
+    /// How the kernels were obtained: "compiled (N ms)" or "cache".
+    pub kernels: String,
+    pub cubin_path: Option<PathBuf>,
+}
+
+pub struct Gpu {
+    pub info: DeviceInfo,
+    pub(crate) ctx: sys::CUcontext,
+    dev: sys::CUdevice,
+    pub(crate) stream: sys::CUstream,
+    module: sys::CUmodule,
+    funcs: HashMap<String, sys::CUfunction>,
+}
+
+// SAFETY: the handles are plain driver handles; every use makes the context
+// current on the calling thread first.
+unsafe impl Send for Gpu {}
+
+/// The kernel sources, concatenated in this order.
+pub const SOURCES: [(&str, &str); 4] = [
+    ("common.cu", include_str!("../kernels/common.cu")),
+    ("quant.cu", include_str!("../kernels/quant.cu")),
+    ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("ops.cu", include_str!("../kernels/ops.cu")),
+];
+
+pub fn kernel_source() -> String {
+    let mut s = String::new();
+    for (name, src) in SOURCES {
+        s.push_str(&format!("// ---- {name}\n"));
+        s.push_str(src);
+        s.push('\n');
+    }
+    s
+}
+
+/// FNV-1a, 64 bits: the cache key of a source text (not security relevant).
+fn fnv1a(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Where compiled kernels are kept: `$KILN_CUDA_CACHE`, else
+/// `$XDG_CACHE_HOME/kiln/cuda`, else `$HOME/.cache/kiln/cuda`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KILN_CUDA_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("kiln/cuda"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln/cuda"))
+}
+
+fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "-default-device".into(),
+    ]
+}
+
+/// Compiles `src` for `arch` (`sm_90` …) to a cubin with NVRTC.
+pub fn compile_cubin(src: &str, arch: &str) -> CuResult<Vec<u8>> {
+    compile_cubin_opts(src, arch, &[]).map(|(c, _)| c)
+}
+
+/// Like [`compile_cubin`] with extra NVRTC options; also returns the log.
+pub fn compile_cubin_opts(src: &str, arch: &str, extra: &[&str]) -> CuResult<(Vec<u8>, String)> {
+    use cudarc::nvrtc::{result as nr, sys as ns};
+    if !unsafe { ns::is_culib_present() } {
+        return Err(CudaError(format!(
+            "NVRTC (libnvrtc.so) not found: kiln compiles its CUDA kernels at run time and \
+             needs the CUDA runtime compiler; {HINT}"
+        )));
+    }
+    guarded("NVRTC compile", || {
+        let csrc = CString::new(src).map_err(|_| CudaError("kernel source has a NUL".into()))?;
+        let prog = nr::create_program(&csrc, Some(c"kiln.cu"))
+            .map_err(|e| CudaError(format!("nvrtcCreateProgram: {e:?}")))?;
+        let mut opts = nvrtc_options(arch);
+        opts.extend(extra.iter().map(|s| s.to_string()));
+        // SAFETY: prog is live until destroy_program below.
+        let res = unsafe { nr::compile_program(prog, &opts) };
+        // SAFETY: prog is live.
+        let log = unsafe { nr::get_program_log(prog) }
+            .map(|l| {
+                let bytes: Vec<u8> = l.iter().map(|&c| c as u8).collect();
+                String::from_utf8_lossy(&bytes)
+                    .trim_end_matches('\0')
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let out = match res {
+            Ok(()) => {
+                let mut size = 0usize;
+                // SAFETY: out-pointer; then a buffer of that size.
+                let r = unsafe { ns::nvrtcGetCUBINSize(prog, &mut size) };
+                r.result()
+                    .map_err(|e| CudaError(format!("nvrtcGetCUBINSize: {e:?}")))?;
+                let mut buf = vec![0u8; size];
+                let r = unsafe { ns::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _) };
+                r.result()
+                    .map_err(|e| CudaError(format!("nvrtcGetCUBIN: {e:?}")))?;
+                Ok((buf, log))
+            }
+            Err(e) => Err(CudaError(format!(
+                "NVRTC could not compile the kernels for {arch} ({e:?}):\n{log}"
+            ))),
+        };
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { nr::destroy_program(prog) };
+        out
+    })
+}
+
+/// The cubin for `arch`: from the disk cache when the source, arch and NVRTC
+/// version match, else compiled (and stored). Returns (cubin, how, path).
+fn load_or_compile(arch: &str) -> CuResult<(Vec<u8>, String, Option<PathBuf>)> {
+    let src = kernel_source();
+    let opts = nvrtc_options(arch).join(" ");
+    let key = fnv1a(format!("{src}\n{opts}").as_bytes());
+    let nv = nvrtc_version();
+    let dir = cache_dir();
+    let stem = format!("kiln-{key:016x}-{arch}");
+    if let Some(d) = &dir {
+        let want = nv.map(|(a, b)| d.join(format!("{stem}-nvrtc{a}.{b}.cubin")));
+        match &want {
+            Some(p) => {
+                if let Ok(bytes) = std::fs::read(p) {
+                    return Ok((bytes, "cache".into(), Some(p.clone())));
+                }
+            }
+            None => {
+                // No NVRTC here: any cached build of this source for this arch.
+                if let Ok(rd) = std::fs::read_dir(d) {
+                    for e in rd.flatten() {
+                        let name = e.file_name().to_string_lossy().to_string();
+                        if name.starts_with(&stem) && name.ends_with(".cubin") {
+                            if let Ok(bytes) = std::fs::read(e.path()) {
+                                return Ok((bytes, "cache (no NVRTC)".into(), Some(e.path())));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let t = Instant::now();
+    let cubin = compile_cubin(&src, arch)?;
+    let how = format!("compiled ({} ms)", t.elapsed().as_millis());
+    let mut path = None;
+    if let (Some(d), Some((a, b))) = (&dir, nv) {
+        let p = d.join(format!("{stem}-nvrtc{a}.{b}.cubin"));
+        let tmp = d.join(format!("{stem}.{}.tmp", std::process::id()));
+        if std::fs::create_dir_all(d).is_ok()
+            && std::fs::write(&tmp, &cubin).is_ok()
+            && std::fs::rename(&tmp, &p).is_ok()
+        {
+            path = Some(p);
+        } else {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok((cubin, how, path))
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: driver and device checks, context, stream,
+    /// and the kernel module for the device's architecture.
+    pub fn new(ordinal: usize) -> CuResult<Gpu> {
+        if !driver_present() {
+            return Err(CudaError(format!(
+                "no CUDA driver found (libcuda.so could not be loaded); {HINT}"
+            )));
+        }
+        guarded("CUDA initialisation", || Self::open(ordinal))
+    }
+
+    fn open(ordinal: usize) -> CuResult<Gpu> {
+        drv(
+            "init (is an NVIDIA GPU present and its driver loaded?)",
+            dr::init(),
+        )?;
+        let mut ver = 0i32;
+        // SAFETY: out-pointer.
+        drv("driver version", unsafe {
+            sys::cuDriverGetVersion(&mut ver).result()
+        })?;
+        if ver < 12000 {
+            return Err(CudaError(format!(
+                "the CUDA driver supports CUDA {}.{}, kiln needs 12.0 or newer; update the \
+                 NVIDIA driver or {HINT}",
+                ver / 1000,
+                ver % 1000 / 10
+            )));
+        }
+        let count = drv("device count", dr::device::get_count())?;
+        if count <= 0 {
+            return Err(CudaError(format!("no CUDA device found; {HINT}")));
+        }
+        if ordinal >= count as usize {
+            return Err(CudaError(format!(
+                "CUDA device {ordinal} does not exist ({count} found)"
+            )));
+        }
+        let dev = drv("device", dr::device::get(ordinal as i32))?;
+        let attr = |a: sys::CUdevice_attribute| {
+            // SAFETY: valid device.
+            drv("device attribute", unsafe {
+                dr::device::get_attribute(dev, a)
+            })
+        };
+        use sys::CUdevice_attribute as A;
+        let cc = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let name = dr::device::get_name(dev).unwrap_or_else(|_| "?".into());
+        // SAFETY: valid device.
+        let total_mem = drv("total memory", unsafe { dr::device::total_mem(dev) })?;
+        if cc.0 < 7 {
+            return Err(CudaError(format!(
+                "{name} has compute capability {}.{}; kiln's kernels need 7.0 or newer; {HINT}",
+                cc.0, cc.1
+            )));
+        }
+        let nvrtc = nvrtc_version();
+        if let Some((a, _)) = nvrtc {
+            if a * 1000 > ver {
+                return Err(CudaError(format!(
+                    "NVRTC {a}.x builds kernels the driver (CUDA {}.{}) cannot load; update the \
+                     NVIDIA driver or {HINT}",
+                    ver / 1000,
+                    ver % 1000 / 10
+                )));
+            }
+        }
+        // SAFETY: valid device; released in Drop.
+        let ctx = drv("context", unsafe { dr::primary_ctx::retain(dev) })?;
+        drv("set context", unsafe { dr::ctx::set_current(ctx) })?;
+        let stream = drv(
+            "stream",
+            dr::stream::create(dr::stream::StreamKind::NonBlocking),
+        )?;
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let (cubin, how, cubin_path) = load_or_compile(&arch)?;
+        // SAFETY: a complete cubin image, kept alive for the call.
+        let module = drv("loading the kernel module", unsafe {
+            dr::module::load_data(cubin.as_ptr() as *const c_void)
+        })?;
+        let info = DeviceInfo {
+            name,
+            cc,
+            sms,
+            driver_version: ver,
+            nvrtc,
+            total_mem,
+            kernels: how,
+            cubin_path,
+        };
+        Ok(Gpu {
+            info,
+            ctx,
+            dev,
+            stream,
+            module,
+            funcs: HashMap::new(),
+        })
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> CuResult<()> {
+        // SAFETY: ctx is live while self is.
+        drv("set context", unsafe { dr::ctx::set_current(self.ctx) })
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> CuResult<(usize, usize)> {
+        self.bind()?;
+        drv("memory info", dr::mem_get_info())
+    }
+
+    /// The kernel `name` from the module.
+    pub fn func(&mut self, name: &str) -> CuResult<sys::CUfunction> {
+        if let Some(&f) = self.funcs.get(name) {
+            return Ok(f);
+        }
+        let c = CString::new(name).map_err(|_| CudaError("bad kernel name".into()))?;
+        // SAFETY: module is live.
+        let f = drv(&format!("kernel '{name}'"), unsafe {
+            dr::module::get_function(self.module, c)
+        })?;
+        self.funcs.insert(name.to_string(), f);
+        Ok(f)
+    }
+
+    /// Enqueues `f` on the stream. Allocates nothing.
+    pub(crate) fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> CuResult<()> {
+        const MAX: usize = 32;
+        if args.len() > MAX {
+            return Err(CudaError("too many kernel arguments".into()));
+        }
+        let mut slots = [0u64; MAX];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX];
+        for (i, a) in args.iter().enumerate() {
+            slots[i] = match *a {
+                Arg::P(p) => p,
+                Arg::I(v) => u64::from(v as u32),
+                Arg::F(v) => u64::from(v.to_bits()),
+            };
+        }
+        for (i, p) in ptrs.iter_mut().enumerate().take(args.len()) {
+            // Little-endian: a 4-byte argument is read from the slot's start.
+            *p = (&mut slots[i]) as *mut u64 as *mut c_void;
+        }
+        // SAFETY: the arguments match the kernel's parameters (checked by
+        // the callers' construction); slots outlive the call.
+        drv("kernel launch", unsafe {
+            dr::launch_kernel(
+                f,
+                grid,
+                (block, 1, 1),
+                0,
+                self.stream,
+                &mut ptrs[..args.len()],
+            )
+        })
+    }
+
+    pub fn upload_async<T>(&self, dst: u64, src: &[T]) -> CuResult<()> {
+        // SAFETY: callers pass a destination large enough for src.
+        drv("upload", unsafe {
+            dr::memcpy_htod_async(dst, src, self.stream)
+        })
+    }
+
+    pub fn download_async<T>(&self, dst: &mut [T], src: u64) -> CuResult<()> {
+        // SAFETY: callers pass a source holding dst.len() elements; the host
+        // slice stays borrowed until `sync`.
+        drv("download", unsafe {
+            dr::memcpy_dtoh_async(dst, src, self.stream)
+        })
+    }
+
+    pub fn sync(&self) -> CuResult<()> {
+        // SAFETY: valid stream.
+        drv("synchronize", unsafe {
+            dr::stream::synchronize(self.stream)
+        })
+    }
+
+    pub fn begin_capture(&self) -> CuResult<()> {
+        // SAFETY: valid stream.
+        drv("graph capture", unsafe {
+            dr::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        })
+    }
+
+    /// Ends a capture and instantiates it.
+    pub fn end_capture(&self) -> CuResult<Graph> {
+        // SAFETY: valid stream in capture mode.
+        let g = drv("graph capture", unsafe {
+            dr::stream::end_capture(self.stream)
+        })?;
+        // SAFETY: g is a valid graph.
+        let exec = unsafe { dr::graph::instantiate(g, sys::CUgraphInstantiate_flags(0)) };
+        match exec {
+            Ok(exec) => Ok(Graph { graph: g, exec }),
+            Err(e) => {
+                let _ = unsafe { dr::graph::destroy(g) };
+                drv("graph instantiate", Err(e))
+            }
+        }
+    }
+
+    pub fn replay(&self, g: &Graph) -> CuResult<()> {
+        // SAFETY: exec and stream are live.
+        drv("graph launch", unsafe {
+            dr::graph::launch(g.exec, self.stream)
+        })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: the handles were created by `open` and are released once.
+        unsafe {
+            let _ = dr::ctx::set_current(self.ctx);
+            let _ = dr::stream::synchronize(self.stream);
+            let _ = dr::module::unload(self.module);
+            let _ = dr::stream::destroy(self.stream);
+            let _ = dr::primary_ctx::release(self.dev);
+        }
+    }
+}
+
+/// An instantiated CUDA graph.
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created by end_capture, destroyed once.
+        unsafe {
+            let _ = dr::graph::exec_destroy(self.exec);
+            let _ = dr::graph::destroy(self.graph);
+        }
+    }
+}

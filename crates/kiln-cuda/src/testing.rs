@@ -1,0 +1,93 @@
+//! Single kernels on explicit inputs, for checks against the CPU reference.
+
+use kiln_format::GgmlType;
+
+use crate::backend::kernel_type_name;
+use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu};
+
+/// `y[t][r] = W[r] · x[t]` for `n` tokens with the GEMV kernel of `ty`
+/// (`w` holds `rows` rows of `cols` values stored as `ty`).
+pub fn matmul(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> CuResult<Vec<f32>> {
+    let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let dx = DevBuf::from_f32(x)?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; n * rows])?;
+    let (nt, suffix) = match n {
+        1 => (1, 1),
+        2 => (2, 2),
+        3 | 4 => (4, 4),
+        _ => (8, 8),
+    };
+    let f = gpu.func(&format!("mm_{name}_{suffix}"))?;
+    gpu.launch(
+        f,
+        (rows.div_ceil(4) as u32, n.div_ceil(nt) as u32, 1),
+        128,
+        &[
+            Arg::P(dw.ptr),
+            Arg::P(row_bytes as u64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::P(dx.ptr),
+            Arg::I(n as i32),
+            Arg::P(dy.ptr),
+            Arg::I(rows as i32),
+            Arg::P(0),
+        ],
+    )?;
+    let mut y = vec![0.0f32; n * rows];
+    gpu.download_async(&mut y, dy.ptr)?;
+    gpu.sync()?;
+    Ok(y)
+}
+
+/// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`.
+pub fn embed(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    cols: usize,
+    ids: &[u32],
+    scale: f32,
+) -> CuResult<Vec<f32>> {
+    let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let di = DevBuf::from_bytes(
+        &ids.iter()
+            .flat_map(|i| i.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; ids.len() * cols])?;
+    let f = gpu.func(&format!("embed_{name}"))?;
+    gpu.launch(
+        f,
+        (ids.len() as u32, 1, 1),
+        128,
+        &[
+            Arg::P(dw.ptr),
+            Arg::P(row_bytes as u64),
+            Arg::I(cols as i32),
+            Arg::P(di.ptr),
+            Arg::P(di.ptr),
+            Arg::F(scale),
+            Arg::P(0),
+            Arg::P(dy.ptr),
+        ],
+    )?;
+    let mut y = vec![0.0f32; ids.len() * cols];
+    gpu.download_async(&mut y, dy.ptr)?;
+    gpu.sync()?;
+    Ok(y)
+}
