@@ -275,6 +275,11 @@ pub fn compile_cubin_opts(src: &str, arch: &str, extra: &[&str]) -> CuResult<(Ve
 
 /// The cubin for `arch`: from the disk cache when the source, arch and NVRTC
 /// version match, else compiled (and stored). Returns (cubin, how, path).
+/// Needs no GPU: `cached_cubin("sm_90")` fills the cache ahead of time.
+pub fn cached_cubin(arch: &str) -> CuResult<(Vec<u8>, String, Option<PathBuf>)> {
+    load_or_compile(arch)
+}
+
 fn load_or_compile(arch: &str) -> CuResult<(Vec<u8>, String, Option<PathBuf>)> {
     let src = kernel_source();
     let opts = nvrtc_options(arch).join(" ");

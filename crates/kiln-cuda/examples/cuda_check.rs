@@ -1,0 +1,812 @@
+//! Device check for the CUDA backend, in one run:
+//!
+//! 1. device, driver, NVRTC and the kernel cache;
+//! 2. op level: every GEMV / embedding kernel against the CPU reference
+//!    dequantization on random blocks of awkward sizes;
+//! 3. model level: every tiny fixture — F32 GGUF and HF folder against
+//!    transformers' float64 logits, quantized GGUFs against the CPU backend on
+//!    the same file — all positions through chunked prefill, then 16 greedy
+//!    steps through the decode path (graph replay, GPU argmax);
+//! 4. speed (with `--bench`): random-weight Llama-3.2-1B-shaped models built
+//!    in memory, prefill and batch-1 decode tok/s.
+//!
+//! `cargo run --release -p kiln-cuda --example cuda_check -- [--bench] [--fixtures DIR]`
+//! Exits 1 if any check fails; with no GPU it says so and exits 2.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_core::{ArchDescriptor, Backend, Batch, Engine, EngineOptions, KvLayout, KvTables};
+use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_cuda::{CudaBackend, CudaOptions, Gpu};
+use kiln_format::gguf::{Gguf, GgufWriter, Value};
+use kiln_format::{GgmlType, Model};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// Random bytes that are valid blocks of `ty` with sane scales.
+fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng, scale: f32) -> Vec<u8> {
+    let nb = n_elems / ty.block_size();
+    let ts = ty.type_size();
+    let mut v = vec![0u8; nb * ts];
+    for c in v.chunks_mut(8) {
+        let r = rng.next().to_le_bytes();
+        c.copy_from_slice(&r[..c.len()]);
+    }
+    let put = |b: &mut [u8], at: usize, x: f32| {
+        b[at..at + 2].copy_from_slice(&f16_bits(x).to_le_bytes());
+    };
+    use GgmlType::*;
+    for b in v.chunks_mut(ts) {
+        match ty {
+            F32 => b.copy_from_slice(&(rng.f() * scale).to_le_bytes()),
+            F16 => put(b, 0, rng.f() * scale),
+            BF16 => b.copy_from_slice(&((rng.f() * scale).to_bits() >> 16).to_le_bytes()[..2]),
+            Q4_0 | Q5_0 | Q8_0 => put(b, 0, rng.f().abs() * scale / 8.0 + 1e-4),
+            Q4_1 | Q5_1 => {
+                put(b, 0, rng.f().abs() * scale / 8.0 + 1e-4);
+                put(b, 2, rng.f() * scale);
+            }
+            Q2K => {
+                put(b, 80, rng.f().abs() * scale / 8.0);
+                put(b, 82, rng.f().abs() * scale / 8.0);
+            }
+            Q3K => put(b, 108, rng.f().abs() * scale / 8.0),
+            Q4K | Q5K => {
+                put(b, 0, rng.f().abs() * scale / 32.0);
+                put(b, 2, rng.f().abs() * scale / 32.0);
+            }
+            Q6K => put(b, 208, rng.f().abs() * scale / 64.0),
+            _ => {}
+        }
+    }
+    v
+}
+
+const TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
+    println!("\n## op level: GEMV and embedding kernels vs CPU reference dequantization");
+    println!("| type | rows x cols | tokens | GEMV max rel err | embed max abs err |");
+    println!("|---|---|---|---|---|");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for ty in TYPES {
+        let cols = match ty.block_size() {
+            1 if ty == GgmlType::F32 => 100,
+            1 => 72,
+            32 => 96,
+            _ => 512,
+        };
+        let rows = 37;
+        let w = random_blocks(ty, rows * cols, &mut rng, 0.5);
+        let mut deq = vec![0.0f32; rows * cols];
+        kiln_format::dequant::dequantize(ty, &w, &mut deq).expect("dequant");
+        let mut worst = 0.0f64;
+        let mut toks = Vec::new();
+        for n in [1usize, 2, 3, 8, 13] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let y = match kiln_cuda::testing::matmul(gpu, ty, &w, rows, cols, &x, n) {
+                Ok(y) => y,
+                Err(e) => {
+                    failures.push(format!("matmul {ty}: {e}"));
+                    continue;
+                }
+            };
+            let mut num = 0.0f64;
+            let mut den = 0.0f64;
+            for t in 0..n {
+                for r in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|c| f64::from(deq[r * cols + c]) * f64::from(x[t * cols + c]))
+                        .sum();
+                    let got = f64::from(y[t * rows + r]);
+                    num = num.max((got - want).abs());
+                    den = den.max(want.abs());
+                    if !got.is_finite() {
+                        num = f64::INFINITY;
+                    }
+                }
+            }
+            worst = worst.max(num / den.max(1e-30));
+            toks.push(n.to_string());
+        }
+        let ids: Vec<u32> = vec![5, 0, 36, 5, 17];
+        let emb = match kiln_cuda::testing::embed(gpu, ty, &w, cols, &ids, 1.5) {
+            Ok(e) => e,
+            Err(e) => {
+                failures.push(format!("embed {ty}: {e}"));
+                continue;
+            }
+        };
+        let mut eworst = 0.0f32;
+        for (i, &id) in ids.iter().enumerate() {
+            for c in 0..cols {
+                let want = deq[id as usize * cols + c] * 1.5;
+                let got = emb[i * cols + c];
+                eworst = eworst.max(if got.is_finite() {
+                    (got - want).abs()
+                } else {
+                    f32::INFINITY
+                });
+            }
+        }
+        let ok = worst <= 1e-5 && eworst <= 1e-5;
+        if !ok {
+            failures.push(format!("op {ty}: gemv rel {worst:.2e}, embed {eworst:.2e}"));
+        }
+        println!(
+            "| {ty} | {rows} x {cols} | {} | {worst:.2e} | {eworst:.2e} {}|",
+            toks.join(","),
+            if ok { "" } else { "FAIL " }
+        );
+    }
+}
+
+// ------------------------------------------------------------- fixtures
+
+struct Arrays(Vec<u8>);
+
+impl Arrays {
+    fn open(path: &Path) -> Option<Self> {
+        std::fs::read(path).ok().map(Arrays)
+    }
+    fn raw(&self, name: &str) -> Option<(Vec<usize>, Vec<u8>, safetensors::Dtype)> {
+        let st = safetensors::SafeTensors::deserialize(&self.0).ok()?;
+        let t = st.tensor(name).ok()?;
+        Some((t.shape().to_vec(), t.data().to_vec(), t.dtype()))
+    }
+    fn f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
+        let (s, d, _) = self.raw(name)?;
+        Some((
+            s,
+            d.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ))
+    }
+    fn ids(&self, name: &str) -> Option<Vec<u32>> {
+        let (_, d, _) = self.raw(name)?;
+        Some(
+            d.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32)
+                .collect(),
+        )
+    }
+}
+
+fn opts() -> EngineOptions {
+    EngineOptions {
+        ctx: 64,
+        max_seqs: 1,
+        block_size: 4,
+        max_chunk: 7,
+    }
+}
+
+fn layout_for(desc: &ArchDescriptor, o: EngineOptions) -> KvLayout {
+    KvLayout::plan(desc, o.ctx, o.max_seqs, o.block_size, o.max_chunk)
+}
+
+fn cuda_engine(
+    model: &Arc<Model>,
+    o: EngineOptions,
+    graphs: bool,
+) -> Result<Engine<CudaBackend>, String> {
+    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+    let layout = layout_for(&desc, o);
+    let b = CudaBackend::new(
+        model.clone(),
+        desc,
+        layout.clone(),
+        o.max_chunk,
+        CudaOptions { device: 0, graphs },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Engine::new(b, layout))
+}
+
+fn cpu_engine(model: &Arc<Model>, o: EngineOptions) -> Result<Engine<CpuBackend>, String> {
+    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+    let layout = layout_for(&desc, o);
+    let b = CpuBackend::new(
+        model.clone(),
+        desc,
+        layout.clone(),
+        o.max_chunk,
+        CpuOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Engine::new(b, layout))
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            if x.is_finite() {
+                (x - y).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+fn max_mag(a: &[f32]) -> f32 {
+    a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+/// Greedy continuation with the engine (logits path): tokens.
+fn greedy_engine<B: Backend>(
+    e: &mut Engine<B>,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    let l = e.prefill(0, prompt).map_err(|e| e.to_string())?;
+    let mut next = kiln_core::sampler::argmax(l);
+    for _ in 0..steps {
+        out.push(next);
+        let l = e.decode(0, next).map_err(|e| e.to_string())?;
+        next = kiln_core::sampler::argmax(l);
+    }
+    Ok(out)
+}
+
+/// Greedy continuation through `forward_greedy` (argmax on the GPU).
+fn greedy_gpu(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Result<Vec<u32>, String> {
+    let o = opts();
+    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+    let layout = layout_for(&desc, o);
+    let mut b = CudaBackend::new(
+        model.clone(),
+        desc,
+        layout.clone(),
+        o.max_chunk,
+        CudaOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut kv = KvTables::new(layout);
+    let mut ids = [0u32; 1];
+    let mut pos = 0usize;
+    // prefill in chunks; only the last token wants logits
+    let chunks: Vec<&[u32]> = prompt.chunks(o.max_chunk).collect();
+    for (ci, c) in chunks.iter().enumerate() {
+        kv.reserve(0, pos + c.len()).map_err(|e| e.to_string())?;
+        let positions: Vec<u32> = (pos..pos + c.len()).map(|p| p as u32).collect();
+        let seqs = vec![0u32; c.len()];
+        let want: Vec<bool> = (0..c.len())
+            .map(|i| ci + 1 == chunks.len() && i + 1 == c.len())
+            .collect();
+        let batch = Batch {
+            tokens: c,
+            positions: &positions,
+            seqs: &seqs,
+            want_logits: &want,
+        };
+        b.forward_greedy(&batch, &kv, &mut ids)
+            .map_err(|e| e.to_string())?;
+        pos += c.len();
+        kv.commit(0, pos);
+    }
+    let mut out = Vec::new();
+    let mut next = ids[0];
+    for _ in 0..steps {
+        out.push(next);
+        kv.reserve(0, pos + 1).map_err(|e| e.to_string())?;
+        let batch = Batch {
+            tokens: &[next],
+            positions: &[pos as u32],
+            seqs: &[0],
+            want_logits: &[true],
+        };
+        b.forward_greedy(&batch, &kv, &mut ids)
+            .map_err(|e| e.to_string())?;
+        pos += 1;
+        kv.commit(0, pos);
+        next = ids[0];
+    }
+    Ok(out)
+}
+
+struct Row {
+    model: String,
+    file: String,
+    against: String,
+    max_abs: f32,
+    rel: f32,
+    greedy: String,
+    ok: bool,
+}
+
+fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
+    let Some(r) = Arrays::open(&dir.join("ref_hf.safetensors")) else {
+        return;
+    };
+    let (Some(ids), Some((_, want)), Some(prompt), Some(gen)) = (
+        r.ids("input_ids"),
+        r.f32("logits"),
+        r.ids("prompt_ids"),
+        r.ids("generated_ids"),
+    ) else {
+        return;
+    };
+    for path in [dir.join(format!("gguf/{name}-f32.gguf")), dir.join("hf")] {
+        let file = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or("?")
+            .to_string();
+        let row = (|| -> Result<Row, String> {
+            let model = Arc::new(Model::open(&path).map_err(|e| e.to_string())?);
+            let mut e = cuda_engine(&model, opts(), true)?;
+            let mut out = Vec::new();
+            e.prefill_into(0, &ids, true, &mut out)
+                .map_err(|e| e.to_string())?;
+            let d = max_abs(&out, &want);
+            let rel = d / max_mag(&want);
+            let g1 = greedy_engine(&mut e_reset(e), &prompt, gen.len())?;
+            let g2 = greedy_gpu(&model, &prompt, gen.len())?;
+            let same = |g: &[u32]| g.iter().zip(&gen).take_while(|(a, b)| a == b).count();
+            let (s1, s2) = (same(&g1), same(&g2));
+            Ok(Row {
+                model: name.into(),
+                file: file.clone(),
+                against: "HF f64".into(),
+                max_abs: d,
+                rel,
+                greedy: format!("{s1}/{n} logits path, {s2}/{n} GPU argmax", n = gen.len()),
+                ok: d <= 1e-3 && s1 == gen.len() && s2 == gen.len(),
+            })
+        })();
+        rows.push(row.unwrap_or_else(|e| Row {
+            model: name.into(),
+            file,
+            against: "HF f64".into(),
+            max_abs: f32::NAN,
+            rel: f32::NAN,
+            greedy: format!("error: {e}"),
+            ok: false,
+        }));
+    }
+}
+
+/// A fresh engine on the same backend (reset slot 0).
+fn e_reset<B: Backend>(mut e: Engine<B>) -> Engine<B> {
+    e.reset(0);
+    e
+}
+
+fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
+    for t in types {
+        let path = dir.join(format!("gguf/{name}-{t}.gguf"));
+        if !path.exists() {
+            continue;
+        }
+        let file = format!("{name}-{t}.gguf");
+        let row = (|| -> Result<Row, String> {
+            let r = Arrays::open(&dir.join(format!("ref_llamacpp_{t}.safetensors")))
+                .ok_or("no reference")?;
+            let ids = r.ids("input_ids").ok_or("no input_ids")?;
+            let model = Arc::new(Model::open(&path).map_err(|e| e.to_string())?);
+            let mut ec = cuda_engine(&model, opts(), true)?;
+            let mut gpu_out = Vec::new();
+            ec.prefill_into(0, &ids, true, &mut gpu_out)
+                .map_err(|e| e.to_string())?;
+            let mut ep = cpu_engine(&model, opts())?;
+            let mut cpu_out = Vec::new();
+            ep.prefill_into(0, &ids, true, &mut cpu_out)
+                .map_err(|e| e.to_string())?;
+            let d = max_abs(&gpu_out, &cpu_out);
+            let rel = d / max_mag(&cpu_out);
+            let deq = r
+                .f32("logits_hf_dequant_f64")
+                .map(|(_, v)| max_abs(&gpu_out, &v))
+                .unwrap_or(f32::NAN);
+            let prompt = &ids[..8.min(ids.len())];
+            let gc = greedy_engine(&mut e_reset(ec), prompt, 16)?;
+            let gp = greedy_engine(&mut e_reset(ep), prompt, 16)?;
+            let gg = greedy_gpu(&model, prompt, 16)?;
+            let same = |g: &[u32]| g.iter().zip(&gp).take_while(|(a, b)| a == b).count();
+            Ok(Row {
+                model: name.into(),
+                file: file.clone(),
+                against: format!("CPU (HF-dequant f64: {deq:.1e})"),
+                max_abs: d,
+                rel,
+                greedy: format!(
+                    "{}/16 logits path, {}/16 GPU argmax (vs CPU)",
+                    same(&gc),
+                    same(&gg)
+                ),
+                ok: d <= 1e-3 && same(&gc) == 16 && same(&gg) == 16,
+            })
+        })();
+        rows.push(row.unwrap_or_else(|e| Row {
+            model: name.into(),
+            file,
+            against: "CPU".into(),
+            max_abs: f32::NAN,
+            rel: f32::NAN,
+            greedy: format!("error: {e}"),
+            ok: false,
+        }));
+    }
+}
+
+/// Two sequences decoded in the same steps (graph for n = 2) against the
+/// reference, like kiln-cpu's batch test.
+fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
+    let row = (|| -> Result<Row, String> {
+        let r = Arrays::open(&dir.join("ref_hf.safetensors")).ok_or("no reference")?;
+        let prompt = r.ids("prompt_ids").ok_or("prompt")?;
+        let gen = r.ids("generated_ids").ok_or("gen")?;
+        let (shape, seq) = r.f32("gen_seq_logits").ok_or("gen_seq_logits")?;
+        let v = shape[1];
+        let mut o = opts();
+        o.max_seqs = 3;
+        let model = Arc::new(Model::open(dir.join("hf")).map_err(|e| e.to_string())?);
+        let mut e = cuda_engine(&model, o, true)?;
+        e.prefill(1, &[9, 8, 7, 6, 5, 4, 3, 200, 201, 202, 203])
+            .map_err(|e| e.to_string())?;
+        let mut logits = e.prefill(0, &prompt).map_err(|e| e.to_string())?.to_vec();
+        let mut other = 11u32;
+        let mut worst = 0.0f32;
+        let mut same = 0;
+        for (i, &want) in gen.iter().enumerate() {
+            let row = &seq[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+            worst = worst.max(max_abs(&logits, row));
+            if kiln_core::sampler::argmax(&logits) == want && same == i {
+                same += 1;
+            }
+            let l = e
+                .decode_batch(&[(1, other), (0, want)])
+                .map_err(|e| e.to_string())?;
+            other = kiln_core::sampler::argmax(&l[..v]);
+            logits = l[v..2 * v].to_vec();
+        }
+        Ok(Row {
+            model: name.into(),
+            file: "hf, 2 seqs/step".into(),
+            against: "HF f64 (step logits)".into(),
+            max_abs: worst,
+            rel: worst / max_mag(&seq),
+            greedy: format!("{same}/{}", gen.len()),
+            ok: worst <= 1e-3 && same == gen.len(),
+        })
+    })();
+    rows.push(row.unwrap_or_else(|e| Row {
+        model: name.into(),
+        file: "batch".into(),
+        against: "HF f64".into(),
+        max_abs: f32::NAN,
+        rel: f32::NAN,
+        greedy: format!("error: {e}"),
+        ok: false,
+    }));
+}
+
+fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
+    println!(
+        "\n## model level: tiny fixtures (all positions via prefill chunks of 7, KV blocks of 4)"
+    );
+    let mut rows = Vec::new();
+    let tiny = fixtures.join("tiny");
+    let q5 = ["f16", "q8_0", "q4_0", "q4_1", "q5_0"];
+    for (name, quants) in [
+        ("llama", &q5[..]),
+        ("qwen2", &q5[..]),
+        ("qwen3", &q5[..]),
+        ("gemma3", &q5[..]),
+        ("gpt2", &["f16", "q8_0", "q4_0"][..]),
+        ("llama_kq", &["q4_k", "q6_k", "q4_k_m"][..]),
+    ] {
+        let dir = tiny.join(name);
+        if name != "llama_kq" {
+            check_f32(&dir, name, &mut rows);
+        }
+        check_quant(&dir, name, quants, &mut rows);
+    }
+    for name in ["qwen3", "gemma3"] {
+        check_batch(&tiny.join(name), name, &mut rows);
+    }
+    println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.2e} | {:.2e} | {} | {} |",
+            r.model,
+            r.file,
+            r.against,
+            r.max_abs,
+            r.rel,
+            r.greedy,
+            if r.ok { "ok" } else { "FAIL" }
+        );
+        if !r.ok {
+            failures.push(format!("{} {}: {}", r.model, r.file, r.greedy));
+        }
+    }
+}
+
+// ------------------------------------------------------------- speed
+
+/// A Llama-3.2-1B-shaped GGUF (random weights of `ty`), built in memory.
+fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
+    let (hid, heads, kv_heads, hd, inter, vocab) =
+        (2048usize, 32usize, 8usize, 64usize, 8192usize, 128_256usize);
+    let mut w = GgufWriter::new();
+    let a = "llama";
+    w.set("general.architecture", Value::String(a.into()));
+    w.set(format!("{a}.embedding_length"), Value::U32(hid as u32));
+    w.set(format!("{a}.block_count"), Value::U32(layers as u32));
+    w.set(
+        format!("{a}.attention.head_count"),
+        Value::U32(heads as u32),
+    );
+    w.set(
+        format!("{a}.attention.head_count_kv"),
+        Value::U32(kv_heads as u32),
+    );
+    w.set(format!("{a}.feed_forward_length"), Value::U32(inter as u32));
+    w.set(format!("{a}.context_length"), Value::U32(131_072));
+    w.set(format!("{a}.vocab_size"), Value::U32(vocab as u32));
+    w.set(format!("{a}.rope.freq_base"), Value::F32(500_000.0));
+    w.set(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut mat =
+        |w: &mut GgufWriter, name: String, rows: usize, cols: usize| -> Result<(), String> {
+            let data = random_blocks(ty, rows * cols, &mut rng, 0.05);
+            w.add_tensor(name, ty, &[cols as u64, rows as u64], data)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+    let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| 1.0f32.to_le_bytes()).collect() };
+    mat(&mut w, "token_embd.weight".into(), vocab, hid)?;
+    w.add_tensor(
+        "output_norm.weight",
+        GgmlType::F32,
+        &[hid as u64],
+        ones(hid),
+    )
+    .map_err(|e| e.to_string())?;
+    for l in 0..layers {
+        let p = |n: &str| format!("blk.{l}.{n}.weight");
+        w.add_tensor(p("attn_norm"), GgmlType::F32, &[hid as u64], ones(hid))
+            .map_err(|e| e.to_string())?;
+        w.add_tensor(p("ffn_norm"), GgmlType::F32, &[hid as u64], ones(hid))
+            .map_err(|e| e.to_string())?;
+        mat(&mut w, p("attn_q"), heads * hd, hid)?;
+        mat(&mut w, p("attn_k"), kv_heads * hd, hid)?;
+        mat(&mut w, p("attn_v"), kv_heads * hd, hid)?;
+        mat(&mut w, p("attn_output"), hid, heads * hd)?;
+        mat(&mut w, p("ffn_gate"), inter, hid)?;
+        mat(&mut w, p("ffn_up"), inter, hid)?;
+        mat(&mut w, p("ffn_down"), hid, inter)?;
+    }
+    let bytes = w.to_bytes();
+    drop(w);
+    let g =
+        Gguf::from_bytes(format!("synth-llama-1b-{ty}.gguf"), bytes).map_err(|e| e.to_string())?;
+    Model::from_gguf(g).map_err(|e| e.to_string())
+}
+
+fn bench() {
+    println!("\n## speed: Llama-3.2-1B shape (16 layers, hidden 2048, vocab 128256, tied), random weights");
+    println!("| type | weights read/token | prefill 512 tok/s | decode tok/s: graph+GPU argmax | graph+logits | no graph | GB/s (graph+argmax) |");
+    println!("|---|---|---|---|---|---|---|");
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
+        let r = (|| -> Result<String, String> {
+            let t0 = Instant::now();
+            let model = Arc::new(synth_llama(ty, 16)?);
+            let synth_s = t0.elapsed().as_secs_f64();
+            let desc = ArchDescriptor::from_model(&model).map_err(|e| e.to_string())?;
+            let ctx = 1024;
+            let chunk = 512;
+            let layout = KvLayout::plan(&desc, ctx, 1, 16, chunk);
+            let t1 = Instant::now();
+            let mut b = CudaBackend::new(
+                model.clone(),
+                desc,
+                layout.clone(),
+                chunk,
+                CudaOptions::default(),
+            )
+            .map_err(|e| e.to_string())?;
+            let load_s = t1.elapsed().as_secs_f64();
+            let wbytes = b.weight_bytes_per_token();
+            let vocab = 128_256;
+            let mut logits = vec![0.0f32; vocab];
+            let mut ids = [0u32; 1];
+            let prompt: Vec<u32> = (0..chunk as u32)
+                .map(|i| (i * 7919) % vocab as u32)
+                .collect();
+            let positions: Vec<u32> = (0..chunk as u32).collect();
+            let seqs = vec![0u32; chunk];
+            let mut want = vec![false; chunk];
+            want[chunk - 1] = true;
+            let mut run_prefill = |b: &mut CudaBackend| -> Result<(KvTables, f64), String> {
+                let mut kv = KvTables::new(layout.clone());
+                kv.reserve(0, chunk).map_err(|e| e.to_string())?;
+                let batch = Batch {
+                    tokens: &prompt,
+                    positions: &positions,
+                    seqs: &seqs,
+                    want_logits: &want,
+                };
+                let t = Instant::now();
+                b.forward(&batch, &kv, &mut logits)
+                    .map_err(|e| e.to_string())?;
+                let s = t.elapsed().as_secs_f64();
+                kv.commit(0, chunk);
+                Ok((kv, s))
+            };
+            run_prefill(&mut b)?; // warm-up
+            let (_, p1) = run_prefill(&mut b)?;
+            let (_, p2) = run_prefill(&mut b)?;
+            let prefill_tps = chunk as f64 / p1.min(p2);
+            let steps = 128;
+            let decode = |b: &mut CudaBackend, greedy: bool, graphs: bool| -> Result<f64, String> {
+                b.set_graphs(graphs);
+                let mut kv = KvTables::new(layout.clone());
+                let mut logits = vec![0.0f32; vocab];
+                let mut ids = [0u32; 1];
+                let mut tok = 1u32;
+                let mut t = Instant::now();
+                for pos in 0..steps + 8 {
+                    if pos == 8 {
+                        t = Instant::now();
+                    }
+                    kv.reserve(0, pos + 1).map_err(|e| e.to_string())?;
+                    let batch = Batch {
+                        tokens: &[tok],
+                        positions: &[pos as u32],
+                        seqs: &[0],
+                        want_logits: &[true],
+                    };
+                    if greedy {
+                        b.forward_greedy(&batch, &kv, &mut ids)
+                            .map_err(|e| e.to_string())?;
+                        tok = ids[0];
+                    } else {
+                        b.forward(&batch, &kv, &mut logits)
+                            .map_err(|e| e.to_string())?;
+                        tok = kiln_core::sampler::argmax(&logits);
+                    }
+                    kv.commit(0, pos + 1);
+                }
+                Ok(steps as f64 / t.elapsed().as_secs_f64())
+            };
+            let g = decode(&mut b, true, true)?;
+            let gl = decode(&mut b, false, true)?;
+            let ng = decode(&mut b, true, false)?;
+            let _ = (&mut ids, &mut logits);
+            Ok(format!(
+                "| {ty} | {:.0} MB | {prefill_tps:.0} | {g:.0} | {gl:.0} | {ng:.0} | {:.0} | (synth {synth_s:.1}s, load {load_s:.1}s)",
+                wbytes as f64 / 1e6,
+                wbytes as f64 * g / 1e9
+            ))
+        })();
+        match r {
+            Ok(line) => println!("{line}"),
+            Err(e) => println!("| {ty} | error: {e} |"),
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let bench_on = args.iter().any(|a| a == "--bench");
+    let fixtures = args
+        .iter()
+        .position(|a| a == "--fixtures")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures"));
+
+    if let Some(i) = args.iter().position(|a| a == "--precompile") {
+        let arch = args.get(i + 1).map_or("sm_90", |s| s.as_str());
+        match kiln_cuda::gpu::cached_cubin(arch) {
+            Ok((c, how, p)) => println!("{arch}: {} bytes, {how}, {p:?}", c.len()),
+            Err(e) => {
+                println!("{e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    let t = Instant::now();
+    let mut gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("no CUDA device: {e}");
+            std::process::exit(2);
+        }
+    };
+    let first = t.elapsed().as_secs_f64();
+    let i = gpu.info.clone();
+    println!(
+        "## device\n{} (sm_{}{}, {} SMs, {:.1} GiB), driver CUDA {}.{}, NVRTC {:?}",
+        i.name,
+        i.cc.0,
+        i.cc.1,
+        i.sms,
+        i.total_mem as f64 / (1u64 << 30) as f64,
+        i.driver_version / 1000,
+        i.driver_version % 1000 / 10,
+        i.nvrtc
+    );
+    println!(
+        "kernels: {} in {first:.2}s total open; cubin {:?}",
+        i.kernels, i.cubin_path
+    );
+    let t = Instant::now();
+    match Gpu::new(0) {
+        Ok(g2) => println!(
+            "second open: kernels {} in {:.2}s",
+            g2.info.kernels,
+            t.elapsed().as_secs_f64()
+        ),
+        Err(e) => println!("second open failed: {e}"),
+    }
+
+    let mut failures = Vec::new();
+    op_checks(&mut gpu, &mut failures);
+    drop(gpu);
+    model_checks(&fixtures, &mut failures);
+    if bench_on {
+        bench();
+    }
+    println!();
+    if failures.is_empty() {
+        println!("ALL CHECKS PASSED");
+    } else {
+        println!("{} FAILURES:", failures.len());
+        for f in &failures {
+            println!("  {f}");
+        }
+        std::process::exit(1);
+    }
+}
