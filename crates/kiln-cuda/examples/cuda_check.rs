@@ -114,8 +114,14 @@ fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
         let mut worst = 0.0f64;
         let mut toks = Vec::new();
         for n in [1usize, 2, 3, 8, 13] {
+            // n = 1: the one-token GEMV (4 rows per warp); else the batched one.
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-            let y = match kiln_cuda::testing::matmul(gpu, ty, &w, rows, cols, &x, n) {
+            let y = if n == 1 {
+                kiln_cuda::testing::matvec(gpu, ty, &w, rows, cols, &x)
+            } else {
+                kiln_cuda::testing::matmul(gpu, ty, &w, rows, cols, &x, n)
+            };
+            let y = match y {
                 Ok(y) => y,
                 Err(e) => {
                     failures.push(format!("matmul {ty}: {e}"));
@@ -720,6 +726,29 @@ fn bench() {
                 Ok(steps as f64 / t.elapsed().as_secs_f64())
             };
             let g = decode(&mut b, true, true)?;
+            if ty == GgmlType::Q4_0 || ty == GgmlType::F16 {
+                // Per-kernel times (events, no graph): one prefill, one decode run.
+                b.gpu().profile_start(4096).map_err(|e| e.to_string())?;
+                run_prefill(&mut b)?;
+                let pf = b.gpu().profile_stop().map_err(|e| e.to_string())?;
+                b.gpu().profile_start(8192).map_err(|e| e.to_string())?;
+                let _ = decode(&mut b, true, false)?;
+                let dc = b.gpu().profile_stop().map_err(|e| e.to_string())?;
+                let show = |v: &[(String, usize, f64)], div: f64| {
+                    v.iter()
+                        .take(8)
+                        .map(|(n, c, t)| {
+                            format!("{n} x{} {:.3} ms", (*c as f64 / div).round(), t / div)
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                eprintln!("profile {ty} prefill 512: {}", show(&pf, 1.0));
+                eprintln!(
+                    "profile {ty} decode, per token: {}",
+                    show(&dc, (steps + 8) as f64)
+                );
+            }
             let gl = decode(&mut b, false, true)?;
             let ng = decode(&mut b, true, false)?;
             let _ = (&mut ids, &mut logits);

@@ -78,6 +78,78 @@ MM_ALL(q4_k, T_Q4_K)
 MM_ALL(q5_k, T_Q5_K)
 MM_ALL(q6_k, T_Q6_K)
 
+// One token: y[r] = W[r] . x + bias[r], R rows per warp so that each lane's
+// slice of x is loaded once for R rows (x traffic would otherwise exceed
+// the weights' own bytes several times over).
+// grid: ceil(rows / (warps * R)); block: warps * 32 threads.
+template <int T, int R>
+__device__ __forceinline__ void mv_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                        const float* __restrict__ x, float* __restrict__ y,
+                                        const float* __restrict__ bias) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
+    if (r0 >= rows) return;
+    int units = (cols + 31) >> 5;
+    bool vec = (cols & 3) == 0;
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) acc[k] = 0.0f;
+    for (int u = lane; u < units; u += 32) {
+        int base = u * 32;
+        float xv[32];
+        if (vec && base + 32 <= cols) {
+            const float4* xp = (const float4*)(x + base);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg(xp + i);
+                xv[4 * i] = v.x;
+                xv[4 * i + 1] = v.y;
+                xv[4 * i + 2] = v.z;
+                xv[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) xv[i] = base + i < cols ? x[base + i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            if (r0 + k < rows) {
+                float w[32];
+                unit<T>(W + (u64)(r0 + k) * row_bytes, u, cols, w);
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) s += w[i] * xv[i];
+                acc[k] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        float s = warp_sum(acc[k]);
+        if (lane == 0 && r0 + k < rows) y[r0 + k] = s + (bias ? bias[r0 + k] : 0.0f);
+    }
+}
+
+#define MV(TNAME, T)                                                                              \
+    extern "C" __global__ void mv_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,           \
+                                          const float* x, float* y, const float* bias) {            \
+        mv_impl<T, 4>(W, row_bytes, rows, cols, x, y, bias);                                        \
+    }
+
+MV(f32, T_F32)
+MV(f16, T_F16)
+MV(bf16, T_BF16)
+MV(q4_0, T_Q4_0)
+MV(q4_1, T_Q4_1)
+MV(q5_0, T_Q5_0)
+MV(q5_1, T_Q5_1)
+MV(q8_0, T_Q8_0)
+MV(q2_k, T_Q2_K)
+MV(q3_k, T_Q3_K)
+MV(q4_k, T_Q4_K)
+MV(q5_k, T_Q5_K)
+MV(q6_k, T_Q6_K)
+
 // x[t] = W[tokens[t]] * scale (+ pos[positions[t]] when pos is non-null, f32).
 // grid: n; block: 128.
 template <int T>

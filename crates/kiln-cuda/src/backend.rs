@@ -116,6 +116,8 @@ struct DRope {
 struct Kernels {
     /// Per ggml type id: the GEMV for 1, 2, 4, 8 tokens per block.
     mm: Vec<Option<[cudarc::driver::sys::CUfunction; 4]>>,
+    /// Per ggml type id: the one-token GEMV (4 rows per warp).
+    mv: Vec<Option<cudarc::driver::sys::CUfunction>>,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
     gather_norm: cudarc::driver::sys::CUfunction,
@@ -130,6 +132,7 @@ impl Kernels {
     fn load(gpu: &mut Gpu) -> CuResult<Kernels> {
         let mut mm = vec![None; 64];
         let mut embed = vec![None; 64];
+        let mut mv = vec![None; 64];
         for ty in GgmlType::ALL {
             if let Some(n) = kernel_type_name(ty) {
                 let id = ty.id() as usize;
@@ -140,10 +143,12 @@ impl Kernels {
                     gpu.func(&format!("mm_{n}_8"))?,
                 ]);
                 embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
+                mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
             }
         }
         Ok(Kernels {
             mm,
+            mv,
             embed,
             add_norm: gpu.func("add_norm")?,
             gather_norm: gpu.func("gather_norm")?,
@@ -869,6 +874,10 @@ impl CudaBackend {
         layers + out.rows * out.row_bytes
     }
 
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
     }
@@ -969,6 +978,26 @@ impl CudaBackend {
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
     #[allow(clippy::too_many_arguments)]
     fn mm(&self, mat: &DMat, bias: u64, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
+        if n == 1 {
+            if let Some(f) = self.k.mv[mat.ty.id() as usize] {
+                const WARPS: usize = 4;
+                const ROWS: usize = 4;
+                return self.gpu.launch(
+                    f,
+                    (mat.rows.div_ceil(WARPS * ROWS) as u32, 1, 1),
+                    (WARPS * 32) as u32,
+                    &[
+                        Arg::P(mat.ptr()),
+                        Arg::P(mat.row_bytes as u64),
+                        Arg::I(mat.rows as i32),
+                        Arg::I(mat.cols as i32),
+                        Arg::P(x),
+                        Arg::P(y),
+                        Arg::P(bias),
+                    ],
+                );
+            }
+        }
         let fs = self.k.mm[mat.ty.id() as usize]
             .ok_or_else(|| CudaError(format!("no GEMV kernel for {}", mat.ty)))?;
         let (fi, nt) = match n {

@@ -159,8 +159,16 @@ pub struct DeviceInfo {
     pub cubin_path: Option<PathBuf>,
 }
 
+/// Per-kernel timing with events (off unless enabled; not during capture).
+struct Profile {
+    events: Vec<sys::CUevent>,
+    /// (function, start event index) of each timed launch.
+    launches: Vec<(sys::CUfunction, usize)>,
+}
+
 pub struct Gpu {
     pub info: DeviceInfo,
+    profile: std::cell::RefCell<Option<Profile>>,
     pub(crate) ctx: sys::CUcontext,
     dev: sys::CUdevice,
     pub(crate) stream: sys::CUstream,
@@ -431,6 +439,7 @@ impl Gpu {
             stream,
             module,
             funcs: HashMap::new(),
+            profile: std::cell::RefCell::new(None),
         })
     }
 
@@ -485,9 +494,22 @@ impl Gpu {
             // Little-endian: a 4-byte argument is read from the slot's start.
             *p = (&mut slots[i]) as *mut u64 as *mut c_void;
         }
+        let mut prof = self.profile.borrow_mut();
+        let timed = match prof.as_mut() {
+            Some(p) if 2 * p.launches.len() + 2 <= p.events.len() => {
+                let i = 2 * p.launches.len();
+                p.launches.push((f, i));
+                // SAFETY: live event and stream.
+                drv("event", unsafe {
+                    dr::event::record(p.events[i], self.stream)
+                })?;
+                Some(p.events[i + 1])
+            }
+            _ => None,
+        };
         // SAFETY: the arguments match the kernel's parameters (checked by
         // the callers' construction); slots outlive the call.
-        drv("kernel launch", unsafe {
+        let r = drv("kernel launch", unsafe {
             dr::launch_kernel(
                 f,
                 grid,
@@ -496,7 +518,65 @@ impl Gpu {
                 self.stream,
                 &mut ptrs[..args.len()],
             )
-        })
+        });
+        if let Some(ev) = timed {
+            // SAFETY: live event and stream.
+            drv("event", unsafe { dr::event::record(ev, self.stream) })?;
+        }
+        r
+    }
+
+    /// Starts timing every launch with events (up to `max` launches).
+    pub fn profile_start(&self, max: usize) -> CuResult<()> {
+        self.bind()?;
+        let mut p = self.profile.borrow_mut();
+        if p.is_none() {
+            let mut events = Vec::with_capacity(2 * max);
+            for _ in 0..2 * max {
+                events.push(drv(
+                    "event",
+                    dr::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+                )?);
+            }
+            *p = Some(Profile {
+                events,
+                launches: Vec::new(),
+            });
+        }
+        if let Some(p) = p.as_mut() {
+            p.launches.clear();
+        }
+        Ok(())
+    }
+
+    /// Stops timing; returns (kernel name, launches, total ms), slowest first.
+    pub fn profile_stop(&self) -> CuResult<Vec<(String, usize, f64)>> {
+        self.sync()?;
+        let Some(p) = self.profile.borrow_mut().take() else {
+            return Ok(Vec::new());
+        };
+        let mut agg: HashMap<String, (usize, f64)> = HashMap::new();
+        for &(f, i) in &p.launches {
+            // SAFETY: both events were recorded and the stream is synced.
+            let ms = drv("event time", unsafe {
+                dr::event::elapsed(p.events[i], p.events[i + 1])
+            })?;
+            let name = self
+                .funcs
+                .iter()
+                .find(|(_, &g)| g == f)
+                .map_or("?".to_string(), |(n, _)| n.clone());
+            let e = agg.entry(name).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += f64::from(ms);
+        }
+        for e in p.events {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { dr::event::destroy(e) };
+        }
+        let mut v: Vec<_> = agg.into_iter().map(|(n, (c, t))| (n, c, t)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(v)
     }
 
     pub fn upload_async<T>(&self, dst: u64, src: &[T]) -> CuResult<()> {

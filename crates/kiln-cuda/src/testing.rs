@@ -51,6 +51,42 @@ pub fn matmul(
     Ok(y)
 }
 
+/// `y[r] = W[r] · x` with the one-token GEMV of `ty` (4 rows per warp).
+pub fn matvec(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> CuResult<Vec<f32>> {
+    let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let dx = DevBuf::from_f32(x)?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; rows])?;
+    let f = gpu.func(&format!("mv_{name}"))?;
+    gpu.launch(
+        f,
+        (rows.div_ceil(16) as u32, 1, 1),
+        128,
+        &[
+            Arg::P(dw.ptr),
+            Arg::P(row_bytes as u64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::P(dx.ptr),
+            Arg::P(dy.ptr),
+            Arg::P(0),
+        ],
+    )?;
+    let mut y = vec![0.0f32; rows];
+    gpu.download_async(&mut y, dy.ptr)?;
+    gpu.sync()?;
+    Ok(y)
+}
+
 /// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`.
 pub fn embed(
     gpu: &mut Gpu,
