@@ -437,7 +437,6 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
             ep.prefill_into(0, &ids, true, &mut cpu_out)
                 .map_err(|e| e.to_string())?;
             let d = max_abs(&gpu_out, &cpu_out);
-            let rel = d / max_mag(&cpu_out);
             let deq = r
                 .f32("logits_hf_dequant_f64")
                 .map(|(_, v)| max_abs(&gpu_out, &v))
@@ -447,18 +446,21 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
             let gp = greedy_engine(&mut e_reset(ep), prompt, 16)?;
             let gg = greedy_gpu(&model, prompt, 16)?;
             let same = |g: &[u32]| g.iter().zip(&gp).take_while(|(a, b)| a == b).count();
+            // Pass/fail against the float64 reference on the dequantized
+            // weights: the CPU backend may quantize activations (llama.cpp
+            // style) and then differs from it by ~1e-1; its numbers are shown.
             Ok(Row {
                 model: name.into(),
                 file: file.clone(),
-                against: format!("CPU (HF-dequant f64: {deq:.1e})"),
-                max_abs: d,
-                rel,
+                against: format!("HF-dequant f64 (CPU backend: {d:.1e})"),
+                max_abs: deq,
+                rel: deq / max_mag(&cpu_out),
                 greedy: format!(
-                    "{}/16 logits path, {}/16 GPU argmax (vs CPU)",
-                    same(&gc),
-                    same(&gg)
+                    "GPU argmax = logits path: {}; = CPU: {}/16",
+                    gc == gg,
+                    same(&gc)
                 ),
-                ok: d <= 1e-3 && same(&gc) == 16 && same(&gg) == 16,
+                ok: deq <= 1e-3 && gc == gg,
             })
         })();
         rows.push(row.unwrap_or_else(|e| Row {
