@@ -4,6 +4,7 @@
 mod default_model;
 mod inspect;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(run::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::Args),
 }
 
 /// Errors reaching `main` are printed as one line each (with their causes) and
@@ -50,6 +53,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         let mut shown = e.to_string();
