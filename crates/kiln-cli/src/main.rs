@@ -1,7 +1,9 @@
 //! The `kiln` command line. Each subcommand lives in its own module; this file
 //! only parses arguments and turns errors into a message and exit code 1.
 
+mod chat;
 mod default_model;
+mod engine_args;
 mod inspect;
 mod run;
 mod serve;
@@ -28,6 +30,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(run::Args),
+    /// Chat interactively; earlier turns stay in the KV cache.
+    Chat(chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
     Serve(serve::Args),
 }
@@ -53,6 +57,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {

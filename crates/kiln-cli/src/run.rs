@@ -2,35 +2,12 @@
 //! llama.cpp-style statistics on stderr (or one JSON object with `--json`).
 
 use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Instant;
 
 use kiln_core::engine::Control;
-use kiln_core::{
-    ArchDescriptor, Backend, Engine, EngineOptions, KvLayout, Sampler, SamplerParams, StopStrings,
-};
-use kiln_cpu::{CpuBackend, CpuOptions};
-use kiln_format::Model;
-use kiln_tokenizer::Tokenizer;
+use kiln_core::{Backend, Sampler, StopStrings};
 
+use crate::engine_args::{load, CtxArg, EngineArgs, Loaded, SamplingArgs};
 use crate::CliResult;
-
-/// `-c` value; `-cnv` (llama.cpp's conversation flag) parses as `-c nv`.
-#[derive(Clone, Copy, Debug)]
-pub enum CtxArg {
-    Size(usize),
-    Cnv,
-}
-
-fn parse_ctx(s: &str) -> Result<CtxArg, String> {
-    if s == "nv" {
-        return Ok(CtxArg::Cnv);
-    }
-    s.parse()
-        .map(CtxArg::Size)
-        .map_err(|_| format!("'{s}' is not a context size"))
-}
 
 /// `--prompt-ids` value: comma- or space-separated token ids.
 #[derive(Clone, Debug)]
@@ -46,8 +23,8 @@ fn parse_ids(s: &str) -> Result<Ids, String> {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// The prompt.
     #[arg(short = 'p', long)]
     pub prompt: Option<String>,
@@ -63,40 +40,8 @@ pub struct Args {
     /// Tokens to generate (-1: until end of sequence or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
-    /// Context size in tokens (0: the model's; default min(4096, model's)). `-cnv` is read as --chat.
-    #[arg(short = 'c', long = "ctx-size", value_parser = parse_ctx)]
-    pub ctx_size: Option<CtxArg>,
-    /// Threads (default: all cores).
-    #[arg(short = 't', long)]
-    pub threads: Option<usize>,
-    /// Tokens per prefill step.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
-    pub batch_size: usize,
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
-    /// Top-k (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (1.0: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Min-p (0.0: off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Repetition penalty (1.0: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Tokens the penalties look back over.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    /// Random seed (default: from the clock; printed in the stats).
-    #[arg(short = 's', long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop when this text is generated (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -109,46 +54,15 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let t_load = Instant::now();
-    let path = crate::default_model::resolve(a.model.clone())?;
-    let model = Arc::new(Model::open(&path)?);
-    let tok = match &model.gguf {
-        Some(g) => Tokenizer::from_gguf(g),
-        None => Tokenizer::from_hf_dir(&path),
-    };
-    let desc = ArchDescriptor::from_model(&model)?;
-    let chat = a.chat || matches!(a.ctx_size, Some(CtxArg::Cnv));
-    let model_ctx = desc.context_length;
-    let ctx = match a.ctx_size {
-        Some(CtxArg::Size(0)) => model_ctx,
-        Some(CtxArg::Size(n)) => n.min(model_ctx),
-        _ => model_ctx.min(4096),
-    };
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let opts = EngineOptions {
+    let Loaded {
+        path,
+        tok,
+        mut engine,
         ctx,
-        max_seqs: 1,
-        block_size: 16,
-        max_chunk: a.batch_size.clamp(1, ctx),
-    };
-    let layout = KvLayout::plan(
-        &desc,
-        opts.ctx,
-        opts.max_seqs,
-        opts.block_size,
-        opts.max_chunk,
-    );
-    let kv_bytes = layout.total_bytes();
-    let backend = CpuBackend::new(
-        Arc::clone(&model),
-        desc,
-        layout.clone(),
-        opts.max_chunk,
-        CpuOptions { threads },
-    )?;
-    let mut engine = Engine::new(backend, layout);
+        kv_bytes,
+        load_secs,
+    } = load(&a.engine)?;
+    let chat = a.chat || matches!(a.engine.ctx_size, Some(CtxArg::Cnv));
 
     let prompt: Vec<u32> = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.0.clone(),
@@ -168,25 +82,9 @@ pub fn run(a: Args) -> CliResult {
         }
         (None, None) => return Err("no prompt: pass -p PROMPT or --prompt-ids 1,2,3".into()),
     };
-    let load_secs = t_load.elapsed().as_secs_f64();
 
-    let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    });
-    let params = SamplerParams {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        logit_bias: Vec::new(),
-        seed,
-    };
+    let params = a.sampling.params();
+    let seed = params.seed;
     let mut sampler = Sampler::new(params, engine.vocab_size());
     let room = ctx.saturating_sub(prompt.len());
     let max_tokens = if a.n_predict < 0 {

@@ -150,6 +150,13 @@ impl<B: Backend> Engine<B> {
         self.kv.clear(slot);
     }
 
+    /// Keeps only the first `len` positions of `slot`; false (and nothing
+    /// changed) when a sliding window already dropped what position `len`
+    /// would need. See [`KvTables::truncate`].
+    pub fn truncate(&mut self, slot: usize, len: usize) -> bool {
+        self.kv.truncate(slot, len)
+    }
+
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         match tokens.iter().find(|&&t| t as usize >= self.vocab) {
             Some(t) => Err(EngineError::Input(format!(

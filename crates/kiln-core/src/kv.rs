@@ -232,6 +232,46 @@ impl KvTables {
         }
     }
 
+    /// Forgets positions `>= new_len` of `slot` (their blocks return to the
+    /// pool), so the sequence can continue differently from there: a chat
+    /// turn whose history re-tokenizes differently, a shared prefix.
+    /// Returns false, changing nothing, when a windowed group has already
+    /// released keys the next query at `new_len` would need; the caller then
+    /// starts the sequence over.
+    pub fn truncate(&mut self, slot: usize, new_len: usize) -> bool {
+        let bs = self.layout.block_size;
+        let Some(s) = self.seqs.get(slot) else {
+            return false;
+        };
+        if new_len >= s.len {
+            return true;
+        }
+        if new_len == 0 {
+            self.clear(slot);
+            return true;
+        }
+        for (g, table) in s.tables.iter().enumerate() {
+            if let Some(w) = self.layout.groups[g].window {
+                let earliest = (new_len + 1).saturating_sub(w);
+                let needed = earliest / bs..new_len.div_ceil(bs);
+                if table[needed].contains(&NO_BLOCK) {
+                    return false;
+                }
+            }
+        }
+        let keep = new_len.div_ceil(bs);
+        let s = &mut self.seqs[slot];
+        for (g, table) in s.tables.iter_mut().enumerate() {
+            while table.len() > keep {
+                if let Some(b) = table.pop().filter(|&b| b != NO_BLOCK) {
+                    self.free[g].push(b);
+                }
+            }
+        }
+        s.len = new_len;
+        true
+    }
+
     /// Drops the sequence in `slot`, returning its blocks to the pool.
     pub fn clear(&mut self, slot: usize) {
         let Some(s) = self.seqs.get_mut(slot) else {
@@ -325,6 +365,36 @@ mod tests {
         t.clear(0);
         assert_eq!(t.free_blocks(0), total);
         assert_eq!(t.free_blocks(1), 16);
+    }
+
+    #[test]
+    fn truncate_frees_the_tail_and_respects_windows() {
+        // Global layer only: the tail's blocks return to the pool.
+        let mut t = KvTables::new(KvLayout::plan(&desc(&[None]), 64, 1, 4, 1));
+        let free = t.free_blocks(0);
+        t.reserve(0, 20).unwrap();
+        t.commit(0, 20);
+        assert!(t.truncate(0, 9));
+        assert_eq!((t.len(0), t.table(0, 0).len()), (9, 3));
+        assert_eq!(t.free_blocks(0), free - 3);
+        t.reserve(0, 12).unwrap();
+        t.commit(0, 12);
+        assert!(t.truncate(0, 0));
+        assert_eq!(t.free_blocks(0), free);
+
+        // Window 6, block 4: after 20 tokens keys < 12 are gone, so a query
+        // at position 17 (keys 12..) is fine but one at 15 (keys 10..) is not.
+        let mut t = KvTables::new(KvLayout::plan(&desc(&[Some(6), None]), 64, 1, 4, 1));
+        for n in 1..=20 {
+            t.reserve(0, n).unwrap();
+            t.commit(0, n);
+        }
+        assert!(!t.truncate(0, 15));
+        assert_eq!(t.len(0), 20, "a refused truncation changes nothing");
+        assert!(t.truncate(0, 17));
+        assert_eq!(t.len(0), 17);
+        assert!(t.truncate(0, 30), "growing is a no-op");
+        assert_eq!(t.len(0), 17);
     }
 
     #[test]

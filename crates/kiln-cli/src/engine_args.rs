@@ -1,0 +1,153 @@
+//! What `run` and `chat` share: the model/engine flags, the sampling flags,
+//! and building a CPU engine plus tokenizer from them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_core::{ArchDescriptor, Engine, EngineOptions, KvLayout, SamplerParams};
+use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_format::Model;
+use kiln_tokenizer::Tokenizer;
+
+/// `-c` value; `-cnv` (llama.cpp's conversation flag) parses as `-c nv`.
+#[derive(Clone, Copy, Debug)]
+pub enum CtxArg {
+    Size(usize),
+    Cnv,
+}
+
+fn parse_ctx(s: &str) -> Result<CtxArg, String> {
+    if s == "nv" {
+        return Ok(CtxArg::Cnv);
+    }
+    s.parse()
+        .map(CtxArg::Size)
+        .map_err(|_| format!("'{s}' is not a context size"))
+}
+
+#[derive(clap::Args, Clone)]
+pub struct EngineArgs {
+    /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
+    pub model: Option<PathBuf>,
+    /// Context size in tokens (0: the model's; default min(4096, model's)). `-cnv` is read as --chat.
+    #[arg(short = 'c', long = "ctx-size", value_parser = parse_ctx)]
+    pub ctx_size: Option<CtxArg>,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Tokens per prefill step.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
+    pub batch_size: usize,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1.0: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: from the clock; printed in the stats).
+    #[arg(short = 's', long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler parameters, with the seed resolved (clock if not given).
+    pub fn params(&self) -> SamplerParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: Vec::new(),
+            seed,
+        }
+    }
+}
+
+/// A model ready to generate with: one sequence slot on the CPU backend.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub tok: Result<Tokenizer, kiln_tokenizer::Error>,
+    pub engine: Engine<CpuBackend>,
+    pub ctx: usize,
+    pub kv_bytes: usize,
+    pub load_secs: f64,
+}
+
+pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
+    let t_load = Instant::now();
+    let path = crate::default_model::resolve(a.model.clone())?;
+    let model = Arc::new(Model::open(&path)?);
+    let tok = match &model.gguf {
+        Some(g) => Tokenizer::from_gguf(g),
+        None => Tokenizer::from_hf_dir(&path),
+    };
+    let desc = ArchDescriptor::from_model(&model)?;
+    let model_ctx = desc.context_length;
+    let ctx = match a.ctx_size {
+        Some(CtxArg::Size(0)) => model_ctx,
+        Some(CtxArg::Size(n)) => n.min(model_ctx),
+        _ => model_ctx.min(4096),
+    };
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = EngineOptions {
+        ctx,
+        max_seqs: 1,
+        block_size: 16,
+        max_chunk: a.batch_size.clamp(1, ctx),
+    };
+    let layout = KvLayout::plan(
+        &desc,
+        opts.ctx,
+        opts.max_seqs,
+        opts.block_size,
+        opts.max_chunk,
+    );
+    let kv_bytes = layout.total_bytes();
+    let backend = CpuBackend::new(
+        Arc::clone(&model),
+        desc,
+        layout.clone(),
+        opts.max_chunk,
+        CpuOptions { threads },
+    )?;
+    Ok(Loaded {
+        path,
+        tok,
+        engine: Engine::new(backend, layout),
+        ctx,
+        kv_bytes,
+        load_secs: t_load.elapsed().as_secs_f64(),
+    })
+}
