@@ -30,6 +30,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(run::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::Args),
     /// Chat interactively; earlier turns stay in the KV cache.
     Chat(chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
@@ -57,6 +59,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
     };

@@ -83,7 +83,11 @@ fn unix_now() -> u64 {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "Unknown route.")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "Unknown route.",
+    )
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -100,7 +104,10 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         st.metrics.render(),
     )
         .into_response()
@@ -549,7 +556,10 @@ impl Gen {
         }
     }
 
-    async fn collect(self, mut rx: mpsc::UnboundedReceiver<SeqEvent>) -> Result<Response, ApiError> {
+    async fn collect(
+        self,
+        mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+    ) -> Result<Response, ApiError> {
         let tok = Arc::clone(&self.st.tok);
         let mut choices = self.choices(&tok);
         let mut left = choices.len();
@@ -666,7 +676,11 @@ impl Gen {
             let data = |v: Value| Ok(Event::default().data(v.to_string()));
             if self.chat {
                 for i in 0..choices.len() {
-                    if etx.send(data(self.chunk(None, Some(i), None))).await.is_err() {
+                    if etx
+                        .send(data(self.chunk(None, Some(i), None)))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -697,7 +711,11 @@ impl Gen {
                         ApiError::internal(err.clone())
                     };
                     e.to_json()
-                } else if d.text.is_empty() && d.finish.is_none() && d.lp.is_empty() && d.ids.is_empty() {
+                } else if d.text.is_empty()
+                    && d.finish.is_none()
+                    && d.lp.is_empty()
+                    && d.ids.is_empty()
+                {
                     continue;
                 } else {
                     self.chunk(Some(&d), None, None)
@@ -708,7 +726,11 @@ impl Gen {
             }
             if self.include_usage {
                 let u = self.usage(&choices);
-                if etx.send(data(self.chunk(None, None, Some(u)))).await.is_err() {
+                if etx
+                    .send(data(self.chunk(None, None, Some(u))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

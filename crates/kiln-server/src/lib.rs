@@ -268,7 +268,10 @@ pub fn start_with(cfg: &ServerConfig, state: Arc<AppState>) -> Result<RunningSer
 
 /// Serves until SIGTERM or Ctrl-C, then shuts down gracefully. `on_ready`
 /// sees the bound address once the model is loaded and the port is open.
-pub fn run_blocking(cfg: &ServerConfig, on_ready: impl FnOnce(&AppState, SocketAddr)) -> Result<(), String> {
+pub fn run_blocking(
+    cfg: &ServerConfig,
+    on_ready: impl FnOnce(&AppState, SocketAddr),
+) -> Result<(), String> {
     let state = load(cfg)?;
     let rt = runtime().map_err(|e| e.to_string())?;
     let addr = format!("{}:{}", cfg.host, cfg.port);

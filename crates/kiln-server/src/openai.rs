@@ -114,7 +114,7 @@ impl<'a> Fields<'a> {
                     format!("'{k}' must be at least {min}, got {i}."),
                 ))
             }
-            (None, None, Some(f)) if f.fract() == 0.0 && f >= 0.0 && f < 1.8e19 => f as u64,
+            (None, None, Some(f)) if f.fract() == 0.0 && (0.0..1.8e19).contains(&f) => f as u64,
             _ => return Err(wrong(k, "an integer", v)),
         };
         if x < min || x > max {
@@ -378,7 +378,9 @@ pub fn parse_request(body: &Value, endpoint: Endpoint) -> Result<GenRequest, Api
             r.logprobs = f
                 .uint("logprobs", 0, MAX_TOP_LOGPROBS as u64)?
                 .map(|x| x as usize);
-            r.max_tokens = f.uint("max_tokens", 1, u32::MAX as u64)?.map(|x| x as usize);
+            r.max_tokens = f
+                .uint("max_tokens", 1, u32::MAX as u64)?
+                .map(|x| x as usize);
             r.echo = f.bool("echo")?.unwrap_or(false);
             if r.echo {
                 return Err(ApiError::invalid("echo", "'echo' is not supported."));
@@ -401,7 +403,10 @@ pub fn parse_request(body: &Value, endpoint: Endpoint) -> Result<GenRequest, Api
     }
     if let Some(p) = f.f32_in("top_p", 0.0, 1.0)? {
         if p <= 0.0 {
-            return Err(ApiError::invalid("top_p", "'top_p' must be greater than 0."));
+            return Err(ApiError::invalid(
+                "top_p",
+                "'top_p' must be greater than 0.",
+            ));
         }
         r.top_p = p;
     }
@@ -425,9 +430,7 @@ pub fn parse_request(body: &Value, endpoint: Endpoint) -> Result<GenRequest, Api
     r.stop = parse_stop(&f)?;
     r.presence_penalty = f.f32_in("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
     r.frequency_penalty = f.f32_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
-    r.repetition_penalty = f
-        .f32_in("repetition_penalty", 0.01, 10.0)?
-        .unwrap_or(1.0);
+    r.repetition_penalty = f.f32_in("repetition_penalty", 0.01, 10.0)?.unwrap_or(1.0);
     r.logit_bias = parse_logit_bias(&f)?;
     r.n = f.uint("n", 1, MAX_N as u64)?.unwrap_or(1) as usize;
     r.stream = f.bool("stream")?.unwrap_or(false);
@@ -464,10 +467,12 @@ mod tests {
 
     #[test]
     fn defaults_and_fields() {
-        let r = chat(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+        let r = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 5, "temperature": 0, "stop": "x", "seed": 3, "n": 2,
             "logprobs": true, "top_logprobs": 2, "logit_bias": {"7": -100},
-            "stream": true, "stream_options": {"include_usage": true}}))
+            "stream": true, "stream_options": {"include_usage": true}}),
+        )
         .unwrap();
         assert_eq!(r.max_tokens, Some(5));
         assert_eq!(r.temperature, 0.0);
@@ -488,14 +493,32 @@ mod tests {
             (json!({"messages": "hi"}), "messages"),
             (json!({"messages": []}), "messages"),
             (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
-            (json!({"messages": [{"role": "user"}], "max_tokens": "5"}), "max_tokens"),
-            (json!({"messages": [{"role": "user"}], "max_tokens": 0}), "max_tokens"),
-            (json!({"messages": [{"role": "user"}], "max_tokens": -1}), "max_tokens"),
-            (json!({"messages": [{"role": "user"}], "temperature": 3}), "temperature"),
+            (
+                json!({"messages": [{"role": "user"}], "max_tokens": "5"}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": [{"role": "user"}], "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": [{"role": "user"}], "max_tokens": -1}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": [{"role": "user"}], "temperature": 3}),
+                "temperature",
+            ),
             (json!({"messages": [{"role": "user"}], "stop": 5}), "stop"),
             (json!({"messages": [{"role": "user"}], "n": 100}), "n"),
-            (json!({"messages": [{"role": "user"}], "logit_bias": {"x": 1}}), "logit_bias"),
-            (json!({"messages": [{"role": "user"}], "stream": "yes"}), "stream"),
+            (
+                json!({"messages": [{"role": "user"}], "logit_bias": {"x": 1}}),
+                "logit_bias",
+            ),
+            (
+                json!({"messages": [{"role": "user"}], "stream": "yes"}),
+                "stream",
+            ),
             (json!({"messages": [{"role": "user"}], "model": 5}), "model"),
         ] {
             let e = chat(body.clone()).unwrap_err();

@@ -214,12 +214,7 @@ impl Scheduler {
     pub fn shutdown(&self) {
         self.close();
         drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
-        if let Some(t) = self
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
     }
@@ -569,9 +564,8 @@ impl<B: Backend> Core<B> {
                     break;
                 };
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                let msg = format!(
-                    "the sequence needs {need} KV blocks, the pool has {total} in all"
-                );
+                let msg =
+                    format!("the sequence needs {need} KV blocks, the pool has {total} in all");
                 self.fail_detached(s, &msg);
                 continue;
             }
@@ -624,9 +618,7 @@ impl<B: Backend> Core<B> {
             }
             let victim = (0..self.running.len())
                 .filter(|&j| {
-                    j != ri
-                        && !self.running[j].preempted
-                        && !self.plan.iter().any(|p| p.0 == j)
+                    j != ri && !self.running[j].preempted && !self.plan.iter().any(|p| p.0 == j)
                 })
                 .max_by_key(|&j| self.slots[self.running[j].slot].last_used);
             let Some(v) = victim else {
@@ -775,7 +767,9 @@ impl<B: Backend> Core<B> {
                 None => self
                     .metrics
                     .observe_ttft(now.duration_since(s.req.arrived).as_secs_f64()),
-                Some(t) => self.metrics.observe_itl(now.duration_since(t).as_secs_f64()),
+                Some(t) => self
+                    .metrics
+                    .observe_itl(now.duration_since(t).as_secs_f64()),
             }
             s.last_emit = Some(now);
             if !s.req.ignore_eos && self.cfg.eos.contains(&id) {
@@ -870,8 +864,7 @@ impl<B: Backend> Core<B> {
         m.kv_blocks_free.set(free as u64);
         m.kv_blocks_cached.set(cached as u64);
         m.running.set(self.running.len() as u64);
-        m.queue_depth
-            .set(self.queued.load(Ordering::SeqCst) as u64);
+        m.queue_depth.set(self.queued.load(Ordering::SeqCst) as u64);
     }
 }
 

@@ -63,7 +63,11 @@ fn bad_requests_are_openai_errors() {
     // Not an object, wrong types, bad values: 400 naming the parameter.
     for (path, body, param) in [
         ("/v1/chat/completions", json!([1, 2]), Value::Null),
-        ("/v1/chat/completions", json!({"messages": "hi"}), json!("messages")),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}),
+            json!("messages"),
+        ),
         ("/v1/chat/completions", json!({}), json!("messages")),
         (
             "/v1/chat/completions",
@@ -86,9 +90,21 @@ fn bad_requests_are_openai_errors() {
             json!("messages[0].content"),
         ),
         ("/v1/completions", json!({"prompt": 12}), json!("prompt")),
-        ("/v1/completions", json!({"prompt": [1, 100000]}), json!("prompt")),
-        ("/v1/completions", json!({"prompt": "a", "n": 0}), json!("n")),
-        ("/v1/completions", json!({"prompt": "a", "stop": [1]}), json!("stop")),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 100000]}),
+            json!("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "n": 0}),
+            json!("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "stop": [1]}),
+            json!("stop"),
+        ),
         (
             "/v1/completions",
             json!({"prompt": "a", "logit_bias": {"1": 500}}),
@@ -136,16 +152,24 @@ fn bad_requests_are_openai_errors() {
     // Wrong method.
     assert_eq!(get(a, "/v1/completions").status, 405);
     // The server is still fine, and counted the errors.
-    let r = post(a, "/v1/completions", &json!({"prompt": "hello", "max_tokens": 2}));
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 2}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     let m = get(a, "/metrics").body;
-    assert!(m.contains("kiln_request_errors_total{class=\"4xx\"} 1"), "{m}");
+    assert!(
+        m.contains("kiln_request_errors_total{class=\"4xx\"} 1"),
+        "{m}"
+    );
 }
 
 #[test]
 fn completion_usage_and_length() {
     let s = server();
-    let body = json!({"prompt": "hello world", "max_tokens": 7, "temperature": 0, "ignore_eos": true});
+    let body =
+        json!({"prompt": "hello world", "max_tokens": 7, "temperature": 0, "ignore_eos": true});
     let r = post(s.addr, "/v1/completions", &body);
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
@@ -184,7 +208,8 @@ fn completion_usage_and_length() {
 #[test]
 fn chat_stream_format_matches_whole_response() {
     let s = server();
-    let msgs = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]);
+    let msgs =
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]);
     let whole = post(
         s.addr,
         "/v1/chat/completions",
@@ -193,7 +218,10 @@ fn chat_stream_format_matches_whole_response() {
     .json();
     assert_eq!(whole["object"], "chat.completion");
     assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
-    let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let text = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let r = post(
         s.addr,
@@ -219,7 +247,10 @@ fn chat_stream_format_matches_whole_response() {
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["id"], id);
-        assert!(c.get("usage").is_some(), "include_usage: every chunk has usage");
+        assert!(
+            c.get("usage").is_some(),
+            "include_usage: every chunk has usage"
+        );
         if let Some(ch) = c["choices"].as_array().and_then(|a| a.first()) {
             if let Some(t) = ch["delta"]["content"].as_str() {
                 streamed.push_str(t);
@@ -379,7 +410,9 @@ fn disconnect_frees_kv() {
     let s = start(cfg);
     let a = s.addr;
     for _ in 0..3 {
-        let body = json!({"prompt": "a b c d", "max_tokens": 250, "ignore_eos": true, "stream": true}).to_string();
+        let body =
+            json!({"prompt": "a b c d", "max_tokens": 250, "ignore_eos": true, "stream": true})
+                .to_string();
         let mut c = connect(a);
         write!(
             c,
@@ -405,8 +438,14 @@ fn disconnect_frees_kv() {
     assert_eq!(metric(a, "kiln_kv_blocks_free"), total);
     // At least some were cut short (not run to max_tokens).
     let gen = metric(a, "kiln_generation_tokens_total");
-    assert!(gen < 750.0, "{gen} tokens generated: disconnects not noticed\n{m}");
-    assert!(m.contains("kiln_sequences_finished_total{reason=\"cancelled\"} 3"), "{m}");
+    assert!(
+        gen < 750.0,
+        "{gen} tokens generated: disconnects not noticed\n{m}"
+    );
+    assert!(
+        m.contains("kiln_sequences_finished_total{reason=\"cancelled\"} 3"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -478,7 +517,10 @@ fn shutdown_cancels_after_grace() {
             r.status
         })
         .collect();
-    assert!(statuses.iter().all(|&s| s == 200 || s == 503), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 503),
+        "{statuses:?}"
+    );
     assert!(statuses.contains(&503), "{statuses:?}");
 }
 
@@ -533,7 +575,9 @@ fn preemption_keeps_outputs() {
     let a = s.addr;
     let bodies: Vec<Value> = (0..4)
         .map(|i| {
-            let prompt: Vec<u32> = (0..20).map(|j| 3 + ((j * 3 + i * 17) % 380) as u32).collect();
+            let prompt: Vec<u32> = (0..20)
+                .map(|j| 3 + ((j * 3 + i * 17) % 380) as u32)
+                .collect();
             json!({"prompt": prompt, "max_tokens": 120, "temperature": 0, "ignore_eos": true})
         })
         .collect();
@@ -586,7 +630,10 @@ fn many_clients_queue_and_complete() {
     });
     assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 16);
     let m = get(a, "/metrics").body;
-    assert!(m.contains("kiln_requests_total{endpoint=\"completions\"} 16"), "{m}");
+    assert!(
+        m.contains("kiln_requests_total{endpoint=\"completions\"} 16"),
+        "{m}"
+    );
     let total: u64 = (0..16).map(|i| 8 + i).sum();
     assert_eq!(metric(a, "kiln_generation_tokens_total"), total as f64);
     assert_eq!(metric(a, "kiln_running_sequences"), 0.0);

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 #[test]
 fn smollm2_chat_and_batch_invariance() {
     let Some(model) = smollm2() else { return };
+    let model_path = model.clone();
     let mut cfg = config(model);
     cfg.threads = Some(2);
     cfg.ctx = Some(1024);
@@ -23,16 +24,23 @@ fn smollm2_chat_and_batch_invariance() {
     cfg.prefix_cache = false;
     let s = start(cfg);
     let a = s.addr;
+    let msgs =
+        json!([{"role": "user", "content": "What is the capital of France? Answer in one word."}]);
     let r = post(
         a,
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 24, "temperature": 0}),
+        &json!({"messages": msgs, "max_tokens": 24, "temperature": 0, "return_token_ids": true}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.contains("Paris"), "{text}");
+    // The same as kiln's single-sequence generation (Engine::generate).
+    let served: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(
+        served,
+        engine_generate(&s.state.tok, &model_path, &msgs, 24)
+    );
 
     let questions = [
         "Write a haiku about the sea.",
@@ -65,6 +73,39 @@ fn smollm2_chat_and_batch_invariance() {
     eprintln!(
         "SmolLM2 4 chats × 24 tokens: one at a time {t_alone:.2}s, concurrently {t_together:.2}s"
     );
+}
+
+/// Greedy tokens from `Engine::generate` (one sequence, whole-prompt prefill).
+fn engine_generate(
+    tok: &kiln_tokenizer::Tokenizer,
+    path: &std::path::Path,
+    msgs: &Value,
+    n: usize,
+) -> Vec<u32> {
+    use kiln_core::{ArchDescriptor, Engine, KvLayout, Sampler, SamplerParams};
+    let model = std::sync::Arc::new(kiln_format::Model::open(path).unwrap());
+    let desc = ArchDescriptor::from_model(&model).unwrap();
+    let layout = KvLayout::plan(&desc, 1024, 1, 16, 256);
+    let backend = kiln_cpu::CpuBackend::new(
+        model,
+        desc,
+        layout.clone(),
+        256,
+        kiln_cpu::CpuOptions { threads: 2 },
+    )
+    .unwrap();
+    let mut engine = Engine::new(backend, layout);
+    let prompt = tok
+        .encode_chat_prompt(&tok.render_chat(msgs, true).unwrap())
+        .unwrap();
+    let mut sampler = Sampler::new(SamplerParams::greedy(), engine.vocab_size());
+    let is_stop = |id: u32| tok.is_eos(id);
+    engine
+        .generate(0, &prompt, &mut sampler, n, false, &is_stop, &mut |_| {
+            kiln_core::engine::Control::Continue
+        })
+        .unwrap()
+        .tokens
 }
 
 fn python() -> Option<PathBuf> {

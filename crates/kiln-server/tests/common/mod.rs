@@ -20,9 +20,11 @@ pub fn tiny_llama() -> PathBuf {
 
 /// SmolLM2-135M-Instruct from `$KILN_MODELS` or `~/.cache/kiln-test-models`.
 pub fn smollm2() -> Option<PathBuf> {
-    let dir = std::env::var_os("KILN_MODELS").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln-test-models"))
-    })?;
+    let dir = std::env::var_os("KILN_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln-test-models"))
+        })?;
     let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if p.exists() {
         Some(p)
@@ -103,8 +105,8 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
             return out;
         };
         let size_str = String::from_utf8_lossy(&b[..nl]);
-        let size = usize::from_str_radix(size_str.split(';').next().unwrap_or("").trim(), 16)
-            .unwrap_or(0);
+        let size =
+            usize::from_str_radix(size_str.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
         b = &b[nl + 2..];
         if size == 0 || b.len() < size {
             out.extend_from_slice(&b[..size.min(b.len())]);
