@@ -897,7 +897,7 @@ mod tests {
     fn logprobs_are_normalized() {
         let row = [1.0f32, 3.0, 2.0, 0.0];
         let lp = logprob_of(&row, 2, 2);
-        let total: f32 = row.iter().map(|&l| (l - lp.logprob - 2.0).exp()).sum();
+        let total: f32 = row.iter().map(|&l| (l - 2.0 + lp.logprob).exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         assert!((lp.top[1].1 - lp.logprob).abs() < 1e-6);
