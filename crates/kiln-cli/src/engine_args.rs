@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_core::{ArchDescriptor, Engine, EngineOptions, KvLayout, SamplerParams};
+use kiln_core::{ArchDescriptor, Backend, Engine, EngineOptions, KvLayout, SamplerParams};
 use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_cuda::{CudaBackend, CudaOptions};
 use kiln_format::Model;
 use kiln_tokenizer::Tokenizer;
 
@@ -26,8 +27,20 @@ fn parse_ctx(s: &str) -> Result<CtxArg, String> {
         .map_err(|_| format!("'{s}' is not a context size"))
 }
 
+/// Where the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// The GPU when a CUDA driver is found, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
+    /// Where to run: auto (CUDA if a driver is found), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
     /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
     pub model: Option<PathBuf>,
     /// Context size in tokens (0: the model's; default min(4096, model's)). `-cnv` is read as --chat.
@@ -93,11 +106,13 @@ impl SamplingArgs {
     }
 }
 
-/// A model ready to generate with: one sequence slot on the CPU backend.
+/// A model ready to generate with: one sequence slot on the chosen backend.
 pub struct Loaded {
     pub path: PathBuf,
     pub tok: Result<Tokenizer, kiln_tokenizer::Error>,
-    pub engine: Engine<CpuBackend>,
+    pub engine: Engine<Box<dyn Backend>>,
+    /// "cpu, 2 threads" or "cuda".
+    pub backend_name: String,
     pub ctx: usize,
     pub kv_bytes: usize,
     pub load_secs: f64,
@@ -135,17 +150,45 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
         opts.max_chunk,
     );
     let kv_bytes = layout.total_bytes();
-    let backend = CpuBackend::new(
-        Arc::clone(&model),
-        desc,
-        layout.clone(),
-        opts.max_chunk,
-        CpuOptions { threads },
-    )?;
+    let cuda = match a.device {
+        Device::Cpu => None,
+        Device::Auto if !kiln_cuda::driver_present() => None,
+        Device::Auto | Device::Cuda => {
+            let b = CudaBackend::new(
+                Arc::clone(&model),
+                desc.clone(),
+                layout.clone(),
+                opts.max_chunk,
+                CudaOptions::default(),
+            );
+            match (b, a.device) {
+                (Ok(b), _) => Some(b),
+                (Err(e), Device::Cuda) => return Err(format!("--device cuda: {e}").into()),
+                (Err(e), _) => {
+                    eprintln!("kiln: CUDA unavailable ({e}); running on the CPU");
+                    None
+                }
+            }
+        }
+    };
+    let (backend, backend_name): (Box<dyn Backend>, String) = match cuda {
+        Some(b) => (Box::new(b), "cuda".into()),
+        None => (
+            Box::new(CpuBackend::new(
+                Arc::clone(&model),
+                desc,
+                layout.clone(),
+                opts.max_chunk,
+                CpuOptions { threads },
+            )?),
+            format!("cpu, {threads} threads"),
+        ),
+    };
     Ok(Loaded {
         path,
         tok,
         engine: Engine::new(backend, layout),
+        backend_name,
         ctx,
         kv_bytes,
         load_secs: t_load.elapsed().as_secs_f64(),

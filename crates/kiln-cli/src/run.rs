@@ -58,6 +58,7 @@ pub fn run(a: Args) -> CliResult {
         path,
         tok,
         mut engine,
+        backend_name,
         ctx,
         kv_bytes,
         load_secs,
@@ -182,10 +183,9 @@ pub fn run(a: Args) -> CliResult {
         let ms = |s: f64, n: usize| if n > 0 { s * 1e3 / n as f64 } else { 0.0 };
         eprintln!();
         eprintln!(
-            "kiln: model {} ({}, {} threads, ctx {ctx}, KV {:.1} MiB, seed {seed})",
+            "kiln: model {} ({}, {backend_name}, ctx {ctx}, KV {:.1} MiB, seed {seed})",
             path.display(),
             engine.backend.desc().name,
-            engine.backend.n_threads(),
             kv_bytes as f64 / (1 << 20) as f64
         );
         eprintln!("kiln:        load time = {:10.2} ms", load_secs * 1e3);

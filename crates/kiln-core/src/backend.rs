@@ -42,3 +42,16 @@ pub trait Backend {
     /// order, to the front of `logits`.
     fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()>;
 }
+
+/// A backend chosen at run time (`--device`) drives the same engine.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn desc(&self) -> &ArchDescriptor {
+        (**self).desc()
+    }
+    fn max_batch_tokens(&self) -> usize {
+        (**self).max_batch_tokens()
+    }
+    fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()> {
+        (**self).forward(batch, kv, logits)
+    }
+}
