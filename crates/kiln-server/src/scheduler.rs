@@ -801,14 +801,18 @@ impl<B: Backend> Core<B> {
             Finish::Length => self.metrics.finished_length.inc(),
             Finish::Cancelled => self.metrics.finished_cancelled.inc(),
         }
-        let _ = s.req.tx.send(SeqEvent::Done {
+        let tx = s.req.tx.clone();
+        let done = SeqEvent::Done {
             index: s.req.index,
             finish: f,
             prompt_tokens: s.prompt_len,
             cached_tokens: s.cached,
             completion_tokens: s.generated,
-        });
+        };
         self.release(s);
+        // Gauges first: a client that got its answer sees them updated.
+        self.publish();
+        let _ = tx.send(done);
     }
 
     fn release(&mut self, s: Seq) {
@@ -830,15 +834,16 @@ impl<B: Backend> Core<B> {
 
     fn fail(&mut self, s: Seq, msg: &str) {
         self.metrics.finished_error.inc();
-        let _ = s.req.tx.send(SeqEvent::Error {
-            index: s.req.index,
-            message: msg.to_string(),
-        });
         if s.slot < self.slots.len() {
             let slot = s.slot;
             self.slots[slot].busy = false;
             self.evict(slot);
         }
+        self.publish();
+        let _ = s.req.tx.send(SeqEvent::Error {
+            index: s.req.index,
+            message: msg.to_string(),
+        });
     }
 
     fn fail_detached(&mut self, s: Seq, msg: &str) {
