@@ -7,11 +7,18 @@
 //! across a persistent thread pool. Scratch buffers and the paged KV storage
 //! are allocated at load; [`CpuBackend::forward`] allocates nothing.
 //!
-//! These are the scalar reference kernels; SIMD and quantized dot products
-//! come later and are checked against them.
+//! Two kernel sets: the scalar reference (dequantize a row, f32 dot), and
+//! the fast kernels ([`Kernels::Fast`], the default where the CPU has AVX2):
+//! activations quantized to 8 bits per block of 32 and integer dot products
+//! against the weights as stored. `KILN_CPU_KERNELS=reference` or
+//! [`CpuBackend::set_kernels`] selects the reference.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod fast;
 mod kernels;
 mod pool;
+mod quant;
 mod weights;
 
 use std::sync::{Arc, Mutex};
@@ -21,9 +28,12 @@ use kiln_core::rope::{inv_freqs, RopeTable};
 use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
 use kiln_format::{Model, NormKind};
 
+pub use fast::Kernels;
+use fast::{project, Op};
 pub use kernels::dot;
 use pool::SyncPtr;
 pub use pool::ThreadPool;
+use quant::QAct;
 use weights::{opt_vector, vector, Mat};
 
 struct Norm {
@@ -179,7 +189,7 @@ struct Weights {
 }
 
 /// Per-thread scratch.
-struct Local {
+pub(crate) struct Local {
     row: Vec<f32>,
     scores: Vec<f32>,
 }
@@ -229,6 +239,9 @@ pub struct CpuBackend {
     s: Scratch,
     kv: KvStore,
     max_batch: usize,
+    kernels: Kernels,
+    /// The current projection input, quantized.
+    xq: QAct,
 }
 
 impl CpuBackend {
@@ -328,6 +341,7 @@ impl CpuBackend {
                 .map(|g| vec![0.0; layout.groups[g].n_blocks * layout.block_elems(g)])
                 .collect(),
         };
+        let xq = QAct::new(max_batch, max_in.max(d.hidden));
         Ok(CpuBackend {
             model,
             desc,
@@ -339,77 +353,49 @@ impl CpuBackend {
             s,
             kv,
             max_batch,
+            kernels: Kernels::from_env(),
+            xq,
         })
     }
 
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
     }
+
+    /// The kernel set in use (default: [`Kernels::from_env`]).
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    pub fn set_kernels(&mut self, k: Kernels) {
+        self.kernels = k;
+    }
 }
 
-/// `y[t][r] = W[r] · x[t] + bias[r]` for `n` tokens, rows split over threads.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    pool: &ThreadPool,
-    locals: &[Mutex<Local>],
-    m: &Model,
-    w: &Mat,
-    bias: Option<&[f32]>,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) {
-    let rows = w.rows();
-    debug_assert!(x.len() >= n * w.cols() && y.len() >= n * rows);
-    let yp = SyncPtr(y.as_mut_ptr());
-    let nt = pool.n_threads();
-    let avx2 = simd::has_avx2_fma();
-    pool.run(&|tid| {
-        // Split on multiples of 4 rows.
-        let quads = rows.div_ceil(4);
-        let (r0, r1) = (
-            (quads * tid / nt * 4).min(rows),
-            (quads * (tid + 1) / nt * 4).min(rows),
-        );
-        let Some(local) = locals.get(tid) else {
-            return;
-        };
-        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
-        let job = RowJob {
-            m,
-            w,
-            bias,
-            x,
-            n,
-            y: yp,
-            r0,
-            r1,
-        };
-        if avx2 {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                simd::rows_avx2(&job, &mut local.row)
-            };
-        } else {
-            job.run(&mut local.row);
-        }
-    });
-}
-
-/// Rows `r0..r1` of one matmul.
-struct RowJob<'a> {
-    m: &'a Model,
-    w: &'a Mat,
-    bias: Option<&'a [f32]>,
-    x: &'a [f32],
-    n: usize,
-    y: SyncPtr,
-    r0: usize,
-    r1: usize,
+/// Rows `r0..r1` of one matmul, reference kernels.
+pub(crate) struct RowJob<'a> {
+    pub m: &'a Model,
+    pub w: &'a Mat,
+    pub bias: Option<&'a [f32]>,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub y: SyncPtr,
+    pub r0: usize,
+    pub r1: usize,
 }
 
 impl RowJob<'_> {
+    /// [`RowJob::run`], compiled for AVX2 where the CPU has it.
+    pub(crate) fn run_any(&self, scratch: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2() {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+            unsafe { simd::rows_avx2(self, scratch) };
+            return;
+        }
+        self.run(scratch)
+    }
+
     #[inline(always)]
     fn run(&self, scratch: &mut [f32]) {
         let (rows, cols, n) = (self.w.rows(), self.w.cols(), self.n);
@@ -448,12 +434,13 @@ impl RowJob<'_> {
 }
 
 mod simd {
-    /// Whether the AVX2+FMA build of the row loop can run here.
-    pub fn has_avx2_fma() -> bool {
+    /// Whether the AVX2 kernels (AVX2, FMA, F16C) can run here.
+    pub fn has_avx2() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -463,7 +450,7 @@ mod simd {
 
     /// The same scalar code, compiled for AVX2 (8-wide vectors).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx2(job: &super::RowJob<'_>, scratch: &mut [f32]) {
         job.run(scratch)
     }
@@ -525,13 +512,15 @@ impl Backend for CpuBackend {
         }
 
         let m = &*self.model;
-        let (pool, locals, w, s, kv) = (
+        let (pool, locals, w, s, kv, xq) = (
             &self.pool,
             &self.locals[..],
             &self.w,
             &mut self.s,
             &mut self.kv,
+            &mut self.xq,
         );
+        let kernels = self.kernels;
         let (hid, qd, kvd, hd, inter) =
             (d.hidden, d.q_dim(), d.kv_dim(), d.head_dim, d.intermediate);
         let eps = d.norm_eps;
@@ -563,35 +552,31 @@ impl Backend for CpuBackend {
                     eps,
                 );
             }
-            matmul(
+            project(
                 pool,
                 locals,
                 m,
-                &layer.q,
-                layer.q_bias.as_deref(),
+                kernels,
+                xq,
                 &s.xn,
                 n,
-                &mut s.q,
-            );
-            matmul(
-                pool,
-                locals,
-                m,
-                &layer.k,
-                layer.k_bias.as_deref(),
-                &s.xn,
-                n,
-                &mut s.k,
-            );
-            matmul(
-                pool,
-                locals,
-                m,
-                &layer.v,
-                layer.v_bias.as_deref(),
-                &s.xn,
-                n,
-                &mut s.v,
+                &[
+                    Op {
+                        w: &layer.q,
+                        bias: layer.q_bias.as_deref(),
+                        y: SyncPtr(s.q.as_mut_ptr()),
+                    },
+                    Op {
+                        w: &layer.k,
+                        bias: layer.k_bias.as_deref(),
+                        y: SyncPtr(s.k.as_mut_ptr()),
+                    },
+                    Op {
+                        w: &layer.v,
+                        bias: layer.v_bias.as_deref(),
+                        y: SyncPtr(s.v.as_mut_ptr()),
+                    },
+                ],
             );
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 kernels::rms_heads(&mut s.q[..n * qd], hd, qn, eps);
@@ -676,15 +661,19 @@ impl Backend for CpuBackend {
                     }
                 });
             }
-            matmul(
+            project(
                 pool,
                 locals,
                 m,
-                &layer.o,
-                layer.o_bias.as_deref(),
+                kernels,
+                xq,
                 &s.att,
                 n,
-                &mut s.tmp,
+                &[Op {
+                    w: &layer.o,
+                    bias: layer.o_bias.as_deref(),
+                    y: SyncPtr(s.tmp.as_mut_ptr()),
+                }],
             );
             residual(
                 d.norm,
@@ -707,27 +696,34 @@ impl Backend for CpuBackend {
                     eps,
                 );
             }
-            matmul(
-                pool,
-                locals,
-                m,
-                &layer.up,
-                layer.up_bias.as_deref(),
-                &s.xn,
-                n,
-                &mut s.up,
-            );
-            if let Some(gate) = &layer.gate {
-                matmul(
-                    pool,
-                    locals,
-                    m,
-                    gate,
-                    layer.gate_bias.as_deref(),
-                    &s.xn,
-                    n,
-                    &mut s.gate,
-                );
+            {
+                let up = Op {
+                    w: &layer.up,
+                    bias: layer.up_bias.as_deref(),
+                    y: SyncPtr(s.up.as_mut_ptr()),
+                };
+                let ops = match &layer.gate {
+                    Some(gate) => [
+                        up,
+                        Op {
+                            w: gate,
+                            bias: layer.gate_bias.as_deref(),
+                            y: SyncPtr(s.gate.as_mut_ptr()),
+                        },
+                    ],
+                    None => [
+                        up,
+                        Op {
+                            w: &layer.up,
+                            bias: None,
+                            y: SyncPtr(std::ptr::null_mut()),
+                        },
+                    ],
+                };
+                let k = if layer.gate.is_some() { 2 } else { 1 };
+                project(pool, locals, m, kernels, xq, &s.xn, n, &ops[..k]);
+            }
+            if layer.gate.is_some() {
                 for (g, &u) in s.gate[..n * inter].iter_mut().zip(&s.up[..n * inter]) {
                     *g = kernels::activate(d.activation, *g) * u;
                 }
@@ -736,15 +732,19 @@ impl Backend for CpuBackend {
                     *g = kernels::activate(d.activation, u);
                 }
             }
-            matmul(
+            project(
                 pool,
                 locals,
                 m,
-                &layer.down,
-                layer.down_bias.as_deref(),
+                kernels,
+                xq,
                 &s.gate,
                 n,
-                &mut s.tmp,
+                &[Op {
+                    w: &layer.down,
+                    bias: layer.down_bias.as_deref(),
+                    y: SyncPtr(s.tmp.as_mut_ptr()),
+                }],
             );
             residual(
                 d.norm,
@@ -778,15 +778,19 @@ impl Backend for CpuBackend {
         }
         if k > 0 {
             let out_w = w.output.as_ref().unwrap_or(&w.embd);
-            matmul(
+            project(
                 pool,
                 locals,
                 m,
-                out_w,
-                None,
+                kernels,
+                xq,
                 &s.seln,
                 k,
-                &mut logits[..k * d.vocab_size],
+                &[Op {
+                    w: out_w,
+                    bias: None,
+                    y: SyncPtr(logits.as_mut_ptr()),
+                }],
             );
             if let Some(c) = d.final_softcap {
                 for l in &mut logits[..k * d.vocab_size] {

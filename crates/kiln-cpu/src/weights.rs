@@ -135,6 +135,34 @@ impl Mat {
         }
     }
 
+    /// The matrix's rows as stored: `(type, bytes of rows 0..rows, bytes per
+    /// row)`; decoded-at-load matrices are F32. `None` if the mapped tensor
+    /// is shorter than its shape says (the reference path then reads zeros).
+    pub fn raw<'a>(&'a self, m: &'a Model) -> Option<(GgmlType, &'a [u8], usize)> {
+        match self {
+            Mat::Owned { data, rows, cols } => {
+                let bytes = data.get(..rows * cols)?;
+                // SAFETY: f32 has no padding; u8 has alignment 1.
+                let b = unsafe {
+                    std::slice::from_raw_parts(bytes.as_ptr() as *const u8, bytes.len() * 4)
+                };
+                Some((GgmlType::F32, b, cols * 4))
+            }
+            Mat::Mapped {
+                tensor,
+                ty,
+                row0,
+                rows,
+                cols,
+            } => {
+                let row_bytes = cols / ty.block_size() * ty.type_size();
+                let start = row0.checked_mul(row_bytes)?;
+                let end = start.checked_add(rows.checked_mul(row_bytes)?)?;
+                Some((*ty, m.data(tensor).get(start..end)?, row_bytes))
+            }
+        }
+    }
+
     /// Row `r` as f32: borrowed when stored as aligned little-endian f32,
     /// else decoded into `scratch` (`cols` long).
     #[inline]

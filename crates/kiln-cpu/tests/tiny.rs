@@ -1,12 +1,20 @@
 //! Every tiny architecture against transformers (float64) and, for the
 //! quantized files, against the dequantized-weights reference.
+//!
+//! Two tiers: the reference kernels (f32 math on dequantized weights) are
+//! held to 1e-3 on quantized files; the fast kernels (8-bit activations,
+//! integer dot products, as llama.cpp) to llama.cpp's own distance from the
+//! f64 reference, x1.5 + 0.02. Float files stay at 1e-4 with both.
 
 mod common;
 
 use std::path::Path;
 
-use common::{argmax, engine, fixtures, max_abs, Arrays};
+use common::{argmax, engine_with, fixtures, max_abs, Arrays};
 use kiln_core::EngineOptions;
+use kiln_cpu::Kernels;
+
+const BOTH: [Kernels; 2] = [Kernels::Reference, Kernels::Fast];
 
 /// Small chunks and blocks so paged KV, chunked prefill and (gemma3) the
 /// sliding window's block release are all exercised.
@@ -20,20 +28,20 @@ fn opts() -> EngineOptions {
 }
 
 /// Logits at every position of `input_ids` vs `want`; returns max abs diff.
-fn all_logits(path: &Path, ids: &[u32], want: &[f32]) -> f32 {
-    let mut e = engine(path, opts(), 2);
+fn all_logits(path: &Path, ids: &[u32], want: &[f32], k: Kernels) -> f32 {
+    let mut e = engine_with(path, opts(), 2, k);
     let mut out = Vec::new();
     e.prefill_into(0, ids, true, &mut out).unwrap();
     max_abs(&out, want)
 }
 
 /// Greedy continuation through the KV-cache decode path, step by step.
-fn greedy(path: &Path, r: &Arrays, tol: f32) -> f32 {
+fn greedy(path: &Path, r: &Arrays, tol: f32, k: Kernels) -> f32 {
     let prompt = r.ids("prompt_ids");
     let gen = r.ids("generated_ids");
     let (shape, seq) = r.f32("gen_seq_logits");
     let v = shape[1];
-    let mut e = engine(path, opts(), 2);
+    let mut e = engine_with(path, opts(), 2, k);
     let mut logits = e.prefill(0, &prompt).unwrap().to_vec();
     let mut worst = 0.0f32;
     for (i, &want) in gen.iter().enumerate() {
@@ -57,13 +65,15 @@ fn check_f32(name: &str) {
     let ids = r.ids("input_ids");
     let (_, want) = r.f32("logits");
     for path in [dir.join(format!("gguf/{name}-f32.gguf")), dir.join("hf")] {
-        let d = all_logits(&path, &ids, &want);
-        let g = greedy(&path, &r, 1e-4);
-        eprintln!(
-            "{name} {}: logits max abs {d:.2e}, greedy 16/16, step logits max abs {g:.2e}",
-            path.file_name().and_then(|f| f.to_str()).unwrap_or("?")
-        );
-        assert!(d <= 1e-4, "{}: logits differ by {d}", path.display());
+        for k in BOTH {
+            let d = all_logits(&path, &ids, &want, k);
+            let g = greedy(&path, &r, 1e-4, k);
+            eprintln!(
+                "{name} {} {k:?}: logits max abs {d:.2e}, greedy 16/16, step logits max abs {g:.2e}",
+                path.file_name().and_then(|f| f.to_str()).unwrap_or("?")
+            );
+            assert!(d <= 1e-4, "{} {k:?}: logits differ by {d}", path.display());
+        }
     }
 }
 
@@ -75,13 +85,24 @@ fn check_quant(name: &str, types: &[&str]) {
         let (_, deq) = r.f32("logits_hf_dequant_f64");
         let (_, lcpp) = r.f32("logits");
         let path = dir.join(format!("gguf/{name}-{t}.gguf"));
-        let mut e = engine(&path, opts(), 2);
-        let mut out = Vec::new();
-        e.prefill_into(0, &ids, true, &mut out).unwrap();
-        let d = max_abs(&out, &deq);
-        let dl = max_abs(&out, &lcpp);
-        eprintln!("{name} {t}: vs hf-dequant f64 {d:.2e}, vs llama.cpp {dl:.2e}");
-        assert!(d <= 1e-3, "{name} {t}: {d}");
+        // llama.cpp's own distance from the exact result.
+        let peer = max_abs(&lcpp, &deq);
+        for k in BOTH {
+            let mut e = engine_with(&path, opts(), 2, k);
+            let mut out = Vec::new();
+            e.prefill_into(0, &ids, true, &mut out).unwrap();
+            let d = max_abs(&out, &deq);
+            let dl = max_abs(&out, &lcpp);
+            // Float weights are not quantized on either path.
+            let tol = match k {
+                Kernels::Fast if *t != "f16" => (1.5 * peer + 0.02).max(1e-3),
+                _ => 1e-3,
+            };
+            eprintln!(
+                "{name} {t} {k:?}: vs hf-dequant f64 {d:.2e} (tolerance {tol:.2e}), vs llama.cpp {dl:.2e}; llama.cpp vs hf-dequant {peer:.2e}"
+            );
+            assert!(d <= tol, "{name} {t} {k:?}: {d}");
+        }
     }
 }
 
@@ -133,7 +154,7 @@ fn batch_of_sequences() {
         let v = shape[1];
         let mut o = opts();
         o.max_seqs = 3;
-        let mut e = engine(&dir.join("hf"), o, 2);
+        let mut e = engine_with(&dir.join("hf"), o, 2, Kernels::Fast);
         e.prefill(1, &[9, 8, 7, 6, 5, 4, 3, 200, 201, 202, 203])
             .unwrap();
         let mut logits = e.prefill(0, &prompt).unwrap().to_vec();

@@ -5,14 +5,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kiln_core::{ArchDescriptor, Engine, EngineOptions, KvLayout};
-use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_cpu::{CpuBackend, CpuOptions, Kernels};
 use kiln_format::Model;
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures")
 }
 
+/// An engine with the default kernels ([`Kernels::from_env`]).
 pub fn engine(path: &Path, opts: EngineOptions, threads: usize) -> Engine<CpuBackend> {
+    engine_with(path, opts, threads, Kernels::from_env())
+}
+
+pub fn engine_with(
+    path: &Path,
+    opts: EngineOptions,
+    threads: usize,
+    kernels: Kernels,
+) -> Engine<CpuBackend> {
     let model = Arc::new(Model::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
     let desc = ArchDescriptor::from_model(&model).unwrap();
     let layout = KvLayout::plan(
@@ -30,6 +40,8 @@ pub fn engine(path: &Path, opts: EngineOptions, threads: usize) -> Engine<CpuBac
         CpuOptions { threads },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut backend = backend;
+    backend.set_kernels(kernels);
     Engine::new(backend, layout)
 }
 
