@@ -127,6 +127,20 @@ unsafe fn bits_to_0x10(bits: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
+/// How far ahead of the current block weights are prefetched (bytes).
+const PREFETCH: usize = 4096;
+
+/// Prefetches the cache lines `PREFETCH` bytes past a super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch_block(blk: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + off) as *const i8);
+        off += 64;
+    }
+}
+
 // ---- 32-element block types --------------------------------------------
 
 /// The shared loop of the 32-element types: `unpack(block) -> (q, d, m)`;
@@ -137,26 +151,28 @@ macro_rules! legacy_dot {
         #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
         unsafe fn $name<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
-            let mut acc = [_mm256_setzero_ps(); T];
-            let mut corr = [0.0f32; T];
+            // Two sets of accumulators (even and odd blocks) to break the
+            // FMA and add latency chains; the same for every T.
+            let mut acc = [[_mm256_setzero_ps(); T]; 2];
+            let mut corr = [[0.0f32; T]; 2];
             for b in 0..nb {
                 let $blk = w.add(b * $bytes);
+                _mm_prefetch::<_MM_HINT_T0>($blk.wrapping_add(PREFETCH) as *const i8);
                 let (q, d, m): (__m256i, f32, f32) = $unpack;
                 let cm = if $has_min { m } else { d };
+                let h = b & 1;
                 for t in 0..T {
                     let xv = ld(x[t].qs.add(32 * b));
                     let s = _mm256_set1_ps(d * *x[t].d.add(b));
-                    acc[t] = _mm256_fmadd_ps(mul_sum(q, xv), s, acc[t]);
-                    corr[t] += cm * *x[t].sx.add(b);
+                    acc[h][t] = _mm256_fmadd_ps(mul_sum(q, xv), s, acc[h][t]);
+                    corr[h][t] += cm * *x[t].sx.add(b);
                 }
             }
             let mut out = [0.0f32; T];
             for t in 0..T {
-                out[t] = if $has_min {
-                    hsum(acc[t]) + corr[t]
-                } else {
-                    hsum(acc[t]) - $off * corr[t]
-                };
+                let a = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+                let c = corr[0][t] + corr[1][t];
+                out[t] = if $has_min { a + c } else { a - $off * c };
             }
             out
         }
@@ -208,21 +224,23 @@ legacy_dot!(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_q8_0<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
-    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc = [[_mm256_setzero_ps(); T]; 2];
     for b in 0..nb {
         let blk = w.add(b * 34);
+        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH) as *const i8);
         let d = f16(blk);
         let wv = ldu(blk.add(2));
         let aw = _mm256_sign_epi8(wv, wv);
+        let h = b & 1;
         for t in 0..T {
             let xv = _mm256_sign_epi8(ld(x[t].qs.add(32 * b)), wv);
             let s = _mm256_set1_ps(d * *x[t].d.add(b));
-            acc[t] = _mm256_fmadd_ps(mul_sum(aw, xv), s, acc[t]);
+            acc[h][t] = _mm256_fmadd_ps(mul_sum(aw, xv), s, acc[h][t]);
         }
     }
     let mut out = [0.0f32; T];
     for t in 0..T {
-        out[t] = hsum(acc[t]);
+        out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
     }
     out
 }
@@ -270,11 +288,12 @@ unsafe fn dot_q45_k<const T: usize, const HIGH: bool>(
     let (bytes, qs_at) = if HIGH { (176, 48) } else { (144, 16) };
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
-    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc = [[_mm256_setzero_ps(); T]; 2];
     let mut mins = [_mm256_setzero_ps(); T];
     let mut sv = [[0.0f32; 8]; T];
     for b in 0..nb {
         let blk = w.add(b * bytes);
+        prefetch_block(blk, bytes);
         let (dsc, dm) = k4_scales(blk.add(4), f16(blk), f16(blk.add(2)));
         for t in 0..T {
             let dx = _mm256_loadu_ps(x[t].d.add(8 * b));
@@ -299,15 +318,15 @@ unsafe fn dot_q45_k<const T: usize, const HIGH: bool>(
             for t in 0..T {
                 let xp = x[t].qs.add(256 * b + 64 * c);
                 let p0 = mul_sum(lo, ld(xp));
-                acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(sv[t][2 * c]), acc[t]);
+                acc[0][t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(sv[t][2 * c]), acc[0][t]);
                 let p1 = mul_sum(hi, ld(xp.add(32)));
-                acc[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(sv[t][2 * c + 1]), acc[t]);
+                acc[1][t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(sv[t][2 * c + 1]), acc[1][t]);
             }
         }
     }
     let mut out = [0.0f32; T];
     for t in 0..T {
-        out[t] = hsum(acc[t]) - hsum(mins[t]);
+        out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t])) - hsum(mins[t]);
     }
     out
 }
@@ -357,11 +376,12 @@ macro_rules! k16_dot {
         #[inline]
         unsafe fn $name<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
             let masks = scale_masks();
-            let mut acc = [_mm256_setzero_ps(); T];
+            let mut acc = [[_mm256_setzero_ps(); T]; 2];
             let mut corr = [_mm256_setzero_ps(); T];
             let mut sv = [[0.0f32; 8]; T];
             for b in 0..nb {
                 let $blk = w.add(b * $bytes);
+                prefetch_block($blk, $bytes);
                 // (d, dcorr, scales i16x16, corr coefficients i16x16, state)
                 let (d, dcorr, scales, cco, mut $st) = $prep;
                 let sc = Scales16::new(scales, masks);
@@ -377,13 +397,14 @@ macro_rules! k16_dot {
                     let scv = sc.chunk($k);
                     for t in 0..T {
                         let p = mul_sum_scaled(q, ld(x[t].qs.add(256 * b + 32 * $k)), scv);
-                        acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(sv[t][$k]), acc[t]);
+                        let h = $k & 1;
+                        acc[h][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(sv[t][$k]), acc[h][t]);
                     }
                 }
             }
             let mut out = [0.0f32; T];
             for t in 0..T {
-                out[t] = hsum(acc[t]) - hsum(corr[t]);
+                out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t])) - hsum(corr[t]);
             }
             out
         }

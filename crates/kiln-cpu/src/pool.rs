@@ -1,40 +1,44 @@
-//! A small persistent thread pool: `run(f)` calls `f(i)` once on each of
-//! `n` threads (the caller is thread 0) and returns when all are done.
-//! Dispatch takes a mutex and two condition variables; nothing allocates.
+//! A small persistent thread pool built for per-token work: `run(f)` calls
+//! `f(i)` once on each of `n` threads (the caller is thread 0) and returns
+//! when all are done.
+//!
+//! Dispatch is one atomic store; workers spin on it for a while (a decode
+//! step dispatches every few tens of microseconds), then park; the caller
+//! spins on a counter for completion. Nothing allocates and no lock is
+//! taken while threads are busy.
 
+use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
 type JobRef = *const (dyn Fn(usize) + Sync + 'static);
 
-#[derive(Clone, Copy)]
-struct Job(JobRef);
-// SAFETY: the pointee is `Sync` and outlives every use (see `run`).
-unsafe impl Send for Job {}
-
-struct State {
-    job: Option<Job>,
-    generation: u64,
-    pending: usize,
-    quit: bool,
-}
+/// How long an idle worker spins before it parks.
+const SPIN: Duration = Duration::from_micros(300);
 
 struct Shared {
-    state: Mutex<State>,
-    go: Condvar,
-    done: Condvar,
+    /// Written by `run` only while no worker reads it (between a completed
+    /// dispatch and the next `generation` bump).
+    job: UnsafeCell<Option<JobRef>>,
+    generation: AtomicUsize,
+    pending: AtomicUsize,
+    quit: AtomicBool,
+    /// Per worker: parked (or about to park), so `run` must unpark it.
+    parked: Vec<AtomicBool>,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+// SAFETY: `job` is published through `generation` (release/acquire) and
+// only written while no worker holds it; the pointee is `Sync`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
 
 pub struct ThreadPool {
     n: usize,
     shared: Arc<Shared>,
+    threads: Vec<Thread>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -43,14 +47,11 @@ impl ThreadPool {
     pub fn new(n: usize) -> Self {
         let n = n.max(1);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                job: None,
-                generation: 0,
-                pending: 0,
-                quit: false,
-            }),
-            go: Condvar::new(),
-            done: Condvar::new(),
+            job: UnsafeCell::new(None),
+            generation: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            quit: AtomicBool::new(false),
+            parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut handles = Vec::new();
         for i in 1..n {
@@ -65,6 +66,7 @@ impl ThreadPool {
         }
         ThreadPool {
             n: handles.len() + 1,
+            threads: handles.iter().map(|h| h.thread().clone()).collect(),
             shared,
             handles,
         }
@@ -75,34 +77,39 @@ impl ThreadPool {
     }
 
     /// Calls `f(i)` for `i` in `0..n_threads()`, in parallel; returns when
-    /// all calls have returned. A panic in any call is re-raised here.
+    /// all calls have returned. A panic in the caller's call is re-raised
+    /// here (after the workers finish); a worker's panic is contained.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
         if self.n == 1 {
             f(0);
             return;
         }
+        let s = &*self.shared;
         // SAFETY: the lifetime is erased only while workers may call `f`:
-        // this function does not return before `pending` is back to 0, and
-        // clears the job before that.
-        let job = Job(unsafe {
-            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), JobRef>(
-                f as *const (dyn Fn(usize) + Sync),
-            )
-        });
-        {
-            let mut st = self.shared.lock();
-            st.job = Some(job);
-            st.generation = st.generation.wrapping_add(1);
-            st.pending = self.n - 1;
+        // this function does not return before `pending` is back to 0.
+        // No worker reads `job` now: the previous run waited for all.
+        unsafe {
+            *s.job.get() = Some(std::mem::transmute::<
+                *const (dyn Fn(usize) + Sync + '_),
+                JobRef,
+            >(f as *const (dyn Fn(usize) + Sync)));
         }
-        self.shared.go.notify_all();
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        {
-            let mut st = self.shared.lock();
-            while st.pending > 0 {
-                st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        s.pending.store(self.n - 1, Ordering::Relaxed);
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        for (i, t) in self.threads.iter().enumerate() {
+            if s.parked[i + 1].load(Ordering::SeqCst) {
+                t.unpark();
             }
-            st.job = None;
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let mut spins = 0u32;
+        while s.pending.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if let Err(p) = mine {
             resume_unwind(p);
@@ -111,35 +118,45 @@ impl ThreadPool {
 }
 
 fn worker(i: usize, s: &Shared) {
-    let mut seen = 0u64;
+    let mut seen = 0usize;
     loop {
-        let job = {
-            let mut st = s.lock();
-            while st.generation == seen && !st.quit {
-                st = s.go.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            if st.quit {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if s.quit.load(Ordering::Acquire) {
                 return;
             }
-            seen = st.generation;
-            st.job
-        };
-        if let Some(Job(f)) = job {
-            // SAFETY: see `ThreadPool::run`.
+            let g = s.generation.load(Ordering::Acquire);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 != 0 || start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            s.parked[i].store(true, Ordering::SeqCst);
+            if s.generation.load(Ordering::SeqCst) == seen && !s.quit.load(Ordering::SeqCst) {
+                std::thread::park();
+            }
+            s.parked[i].store(false, Ordering::SeqCst);
+        }
+        // SAFETY: published by the generation bump we just saw (acquire);
+        // `run` keeps the pointee alive until `pending` reaches 0.
+        if let Some(f) = unsafe { *s.job.get() } {
             let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(i) }));
         }
-        let mut st = s.lock();
-        st.pending -= 1;
-        if st.pending == 0 {
-            s.done.notify_one();
-        }
+        s.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.lock().quit = true;
-        self.shared.go.notify_all();
+        self.shared.quit.store(true, Ordering::SeqCst);
+        for t in &self.threads {
+            t.unpark();
+        }
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
@@ -164,7 +181,22 @@ impl SyncPtr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn parks_and_wakes() {
+        let pool = ThreadPool::new(2);
+        let hits = AtomicUsize::new(0);
+        for k in 0..5 {
+            if k % 2 == 1 {
+                // Long enough for the worker to park.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            pool.run(&|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(hits.load(Ordering::Relaxed), 10);
+    }
 
     #[test]
     fn every_thread_runs_once_per_call() {
