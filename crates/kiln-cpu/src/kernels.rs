@@ -67,6 +67,45 @@ pub fn dot4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     out
 }
 
+/// Σ x, eight independent accumulators (vectorizes).
+#[inline]
+pub fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let c = x.chunks_exact(8);
+    let rest: f32 = c.remainder().iter().sum();
+    for v in c {
+        for j in 0..8 {
+            acc[j] += v[j];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + rest
+}
+
+/// e^x without a libm call (vectorizes): Cephes' `expf` range reduction
+/// and polynomial, within 2 ulp of `f32::exp` for x in [-87, 88]; 0 below,
+/// +inf above.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    let xc = x.clamp(-87.0, 88.5);
+    let n = (xc * LOG2E + 0.5).floor();
+    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let r2 = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * r2 + r + 1.0;
+    let scaled = e * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else if x > 88.5 {
+        f32::INFINITY
+    } else {
+        scaled
+    }
+}
+
 /// `y += a * x`
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -131,6 +170,95 @@ pub fn activate(kind: Activation, x: f32) -> f32 {
     }
 }
 
+/// [`activate`] without libm calls (vectorizes): SiLU and tanh-GELU
+/// through [`exp_fast`] in f32; erf-GELU as [`activate`].
+#[inline(always)]
+pub fn activate_fast(kind: Activation, x: f32) -> f32 {
+    match kind {
+        Activation::Silu => x / (1.0 + exp_fast(-x)),
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // sqrt(2/pi)
+            let u = C * (x + 0.044715 * x * x * x);
+            // tanh(u) = 1 - 2 / (e^(2u) + 1), exact at both ends.
+            let t = 1.0 - 2.0 / (exp_fast(2.0 * u) + 1.0);
+            0.5 * x * (1.0 + t)
+        }
+        Activation::Gelu => activate(kind, x),
+    }
+}
+
+/// The FFN's activation in place: `gate = act(gate) * up` when gated, else
+/// `gate = act(up)`. `fast` uses [`activate_fast`] in an AVX2 build.
+pub fn ffn_act(fast: bool, kind: Activation, gated: bool, gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fast && crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+        unsafe { ffn_act_avx2(kind, gated, gate, up) };
+        return;
+    }
+    if fast {
+        ffn_act_with(activate_fast, kind, gated, gate, up)
+    } else {
+        ffn_act_with(activate, kind, gated, gate, up)
+    }
+}
+
+#[inline(always)]
+fn ffn_act_with(
+    f: fn(Activation, f32) -> f32,
+    kind: Activation,
+    gated: bool,
+    gate: &mut [f32],
+    up: &[f32],
+) {
+    if gated {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = f(kind, *g) * u;
+        }
+    } else {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = f(kind, u);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ffn_act_avx2(kind: Activation, gated: bool, gate: &mut [f32], up: &[f32]) {
+    // One loop per kind so each vectorizes.
+    match (kind, gated) {
+        (Activation::Silu, true) => ffn_act_with(
+            |_, x| activate_fast(Activation::Silu, x),
+            kind,
+            true,
+            gate,
+            up,
+        ),
+        (Activation::Silu, false) => ffn_act_with(
+            |_, x| activate_fast(Activation::Silu, x),
+            kind,
+            false,
+            gate,
+            up,
+        ),
+        (Activation::GeluTanh, true) => ffn_act_with(
+            |_, x| activate_fast(Activation::GeluTanh, x),
+            kind,
+            true,
+            gate,
+            up,
+        ),
+        (Activation::GeluTanh, false) => ffn_act_with(
+            |_, x| activate_fast(Activation::GeluTanh, x),
+            kind,
+            false,
+            gate,
+            up,
+        ),
+        _ => ffn_act_with(activate, kind, gated, gate, up),
+    }
+}
+
 /// erf via the complementary error function's Chebyshev fit (Numerical
 /// Recipes `erfcc`), relative error < 1.2e-7.
 pub fn erf(x: f64) -> f64 {
@@ -180,6 +308,46 @@ mod tests {
                 assert!((got[r] - dot(&rows[r], &x)).abs() < 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn exp_fast_close_to_exp() {
+        let mut worst = 0.0f32;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (exp_fast(x), x.exp());
+            worst = worst.max(((a - b) / b).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert_eq!(exp_fast(-100.0), 0.0);
+        assert_eq!(exp_fast(0.0), 1.0);
+        assert!(exp_fast(f32::NEG_INFINITY) == 0.0);
+    }
+
+    #[test]
+    fn activate_fast_close() {
+        for kind in [Activation::Silu, Activation::GeluTanh, Activation::Gelu] {
+            let mut x = -30.0f32;
+            while x < 30.0 {
+                let (a, b) = (activate_fast(kind, x), activate(kind, x));
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{kind:?} {x}: {a} vs {b}"
+                );
+                x += 0.01;
+            }
+        }
+        let mut g = vec![0.5f32; 19];
+        let u = vec![2.0f32; 19];
+        ffn_act(true, Activation::Silu, true, &mut g, &u);
+        assert!((g[18] - 2.0 * activate(Activation::Silu, 0.5)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sum_matches() {
+        let x: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        assert_eq!(sum(&x), x.iter().sum::<f32>());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! against the weights as stored. `KILN_CPU_KERNELS=reference` or
 //! [`CpuBackend::set_kernels`] selects the reference.
 
+mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod fast;
@@ -28,6 +29,7 @@ use kiln_core::rope::{inv_freqs, RopeTable};
 use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
 use kiln_format::{Model, NormKind};
 
+use attn::Attn;
 pub use fast::Kernels;
 use fast::{project, Op};
 pub use kernels::dot;
@@ -605,60 +607,39 @@ impl Backend for CpuBackend {
             }
             // Attention over (token, head) pairs.
             {
-                let (kc, vc) = (&kv.k[g][..], &kv.v[g][..]);
-                let q = &s.q[..];
-                let att = SyncPtr(s.att.as_mut_ptr());
-                let n_heads = d.n_heads;
-                let group = d.n_heads / d.n_kv_heads;
-                let items = n * n_heads;
+                let job = Attn {
+                    kc: &kv.k[g][..],
+                    vc: &kv.v[g][..],
+                    q: &s.q[..],
+                    att: SyncPtr(s.att.as_mut_ptr()),
+                    batch,
+                    kvt,
+                    g,
+                    nlg,
+                    lig,
+                    bs,
+                    kvd,
+                    qd,
+                    hd,
+                    n_heads: d.n_heads,
+                    group: d.n_heads / d.n_kv_heads,
+                    scale: d.attn_scale,
+                    softcap: d.attn_softcap,
+                    causal: d.causal,
+                    window: ld.window,
+                };
+                let items = n * d.n_heads;
                 let nt = pool.n_threads();
-                let (scale, softcap, causal) = (d.attn_scale, d.attn_softcap, d.causal);
+                let fast = kernels == Kernels::Fast;
                 pool.run(&|tid| {
                     let Some(local) = locals.get(tid) else { return };
                     let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
-                    for item in items * tid / nt..items * (tid + 1) / nt {
-                        let (i, h) = (item / n_heads, item % n_heads);
-                        let kh = h / group;
-                        let (pos, seq) = (batch.positions[i] as usize, batch.seqs[i] as usize);
-                        let table = kvt.table(seq, g);
-                        let end = if causal {
-                            pos + 1
-                        } else {
-                            kvt.len(seq).max(pos + 1)
-                        };
-                        let start = ld.window.map_or(0, |win| (pos + 1).saturating_sub(win));
-                        let qv = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-                        let scores = &mut local.scores[..end - start];
-                        let mut mx = f32::NEG_INFINITY;
-                        for (j, sc) in scores.iter_mut().enumerate() {
-                            let p = start + j;
-                            let blk = table[p / bs] as usize;
-                            let at = ((blk * nlg + lig) * bs + p % bs) * kvd + kh * hd;
-                            let mut v = kernels::dot(qv, &kc[at..at + hd]) * scale;
-                            if let Some(c) = softcap {
-                                v = (v / c).tanh() * c;
-                            }
-                            *sc = v;
-                            mx = mx.max(v);
-                        }
-                        let mut sum = 0.0f32;
-                        for sc in scores.iter_mut() {
-                            *sc = (*sc - mx).exp();
-                            sum += *sc;
-                        }
-                        let inv = 1.0 / sum;
-                        // SAFETY: head h of token i is written by this thread only.
-                        let out = unsafe {
-                            std::slice::from_raw_parts_mut(att.ptr().add(i * qd + h * hd), hd)
-                        };
-                        out.fill(0.0);
-                        for (j, &sc) in scores.iter().enumerate() {
-                            let p = start + j;
-                            let blk = table[p / bs] as usize;
-                            let at = ((blk * nlg + lig) * bs + p % bs) * kvd + kh * hd;
-                            kernels::axpy(out, sc * inv, &vc[at..at + hd]);
-                        }
-                    }
+                    job.run(
+                        fast,
+                        items * tid / nt,
+                        items * (tid + 1) / nt,
+                        &mut local.scores,
+                    );
                 });
             }
             project(
@@ -723,15 +704,13 @@ impl Backend for CpuBackend {
                 let k = if layer.gate.is_some() { 2 } else { 1 };
                 project(pool, locals, m, kernels, xq, &s.xn, n, &ops[..k]);
             }
-            if layer.gate.is_some() {
-                for (g, &u) in s.gate[..n * inter].iter_mut().zip(&s.up[..n * inter]) {
-                    *g = kernels::activate(d.activation, *g) * u;
-                }
-            } else {
-                for (g, &u) in s.gate[..n * inter].iter_mut().zip(&s.up[..n * inter]) {
-                    *g = kernels::activate(d.activation, u);
-                }
-            }
+            kernels::ffn_act(
+                kernels == Kernels::Fast,
+                d.activation,
+                layer.gate.is_some(),
+                &mut s.gate[..n * inter],
+                &s.up[..n * inter],
+            );
             project(
                 pool,
                 locals,

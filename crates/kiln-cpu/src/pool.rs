@@ -132,7 +132,7 @@ fn worker(i: usize, s: &Shared) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 || start.elapsed() < SPIN {
+            if spins & 63 != 0 || start.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }
