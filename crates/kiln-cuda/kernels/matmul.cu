@@ -196,3 +196,84 @@ EMBED(q3_k, T_Q3_K)
 EMBED(q4_k, T_Q4_K)
 EMBED(q5_k, T_Q5_K)
 EMBED(q6_k, T_Q6_K)
+
+// ---- Prefill GEMM support: weights and activations as 16-bit floats for
+// cuBLAS. fmt 0 = f16 (PTX round to nearest even), 1 = bf16 (round to
+// nearest even by bits; NaN kept quiet).
+__device__ __forceinline__ u16 f2half(float v, int fmt) {
+    if (fmt == 0) {
+        u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+    u32 b = __float_as_uint(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+// dst[r][c] = W[r][c] as 16-bit floats, r < nrows (dst rows are `cols` wide).
+// One thread per 32-value unit. grid: ceil(nrows * units / 256); block: 256.
+template <int T>
+__device__ __forceinline__ void deq_impl(const u8* __restrict__ W, u64 row_bytes, int nrows, int cols,
+                                         u16* __restrict__ dst, int fmt) {
+    int units = (cols + 31) >> 5;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)nrows * units) return;
+    int r = (int)(i / units), u = (int)(i % units);
+    float w[32];
+    unit<T>(W + (u64)r * row_bytes, u, cols, w);
+    u16* o = dst + (u64)r * cols + u * 32;
+    if ((cols & 31) == 0) {
+        u32 p[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) p[k] = (u32)f2half(w[2 * k], fmt) | ((u32)f2half(w[2 * k + 1], fmt) << 16);
+        uint4* o4 = (uint4*)o;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint4 v;
+            v.x = p[4 * k];
+            v.y = p[4 * k + 1];
+            v.z = p[4 * k + 2];
+            v.w = p[4 * k + 3];
+            o4[k] = v;
+        }
+    } else {
+        for (int k = 0; k < 32 && u * 32 + k < cols; k++) o[k] = f2half(w[k], fmt);
+    }
+}
+
+#define DEQ(TNAME, T)                                                                          \
+    extern "C" __global__ void deq_##TNAME(const u8* W, u64 row_bytes, int nrows, int cols,   \
+                                           u16* dst, int fmt) {                                \
+        deq_impl<T>(W, row_bytes, nrows, cols, dst, fmt);                                      \
+    }
+
+DEQ(f32, T_F32)
+DEQ(f16, T_F16)
+DEQ(bf16, T_BF16)
+DEQ(q4_0, T_Q4_0)
+DEQ(q4_1, T_Q4_1)
+DEQ(q5_0, T_Q5_0)
+DEQ(q5_1, T_Q5_1)
+DEQ(q8_0, T_Q8_0)
+DEQ(q2_k, T_Q2_K)
+DEQ(q3_k, T_Q3_K)
+DEQ(q4_k, T_Q4_K)
+DEQ(q5_k, T_Q5_K)
+DEQ(q6_k, T_Q6_K)
+
+// y[i] = x[i] as 16-bit floats. grid-stride; block: 256.
+extern "C" __global__ void to_half(const float* __restrict__ x, u64 n, u16* __restrict__ y, int fmt) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        y[i] = f2half(x[i], fmt);
+}
+
+// y[t][r] += bias[r] for t < n, r < rows. grid-stride; block: 256.
+extern "C" __global__ void add_bias(float* __restrict__ y, int ystride, int rows, int n,
+                                    const float* __restrict__ bias) {
+    u64 total = (u64)rows * n;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        int t = (int)(i / rows), r = (int)(i % rows);
+        y[(u64)t * ystride + r] += bias[r];
+    }
+}

@@ -283,3 +283,103 @@ extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out) {
         out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
     }
 }
+
+// ---- Sampling: Gumbel-max over the top-k of each row.
+// Order-preserving map of a float to u32 (larger float, larger key).
+__device__ __forceinline__ u32 fkey(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// splitmix64 finaliser: a counter-based generator (seed, index) -> 64 bits.
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// One id per row: argmax over i of logits[i] / temp + Gumbel(seed, i), among
+// the top_k largest logits (all when top_k is 0 or >= cols; ties at the k-th
+// value are all kept). The k-th value is found by a 4-pass radix select on
+// the float keys. params per row (u32 x4): temp (f32 bits), top_k, seed lo,
+// seed hi. NaN logits never win; temp <= 0 is the plain argmax.
+// grid: rows; block: 1024.
+extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* params, u32* out) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_k;
+    __shared__ float bv[32];
+    __shared__ u32 bi[32];
+    const float* r = x + (u64)blockIdx.x * cols;
+    const u32* p = params + 4 * blockIdx.x;
+    float temp = __uint_as_float(p[0]);
+    bool noise = temp > 0.0f;  // temp <= 0: plain argmax among the top k
+    float inv_t = noise ? 1.0f / temp : 1.0f;
+    u32 topk = p[1];
+    u64 seed = (u64)p[2] | ((u64)p[3] << 32);
+    u32 thresh = 0;
+    if (topk > 0 && (u64)topk < cols) {
+        u32 prefix = 0, mask = 0, k = topk;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+            __syncthreads();
+            for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {
+                u32 key = fkey(r[i]);
+                if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                u32 acc = 0;
+                int b = 255;
+                for (; b > 0; b--) {
+                    if (acc + hist[b] >= k) break;
+                    acc += hist[b];
+                }
+                s_prefix = prefix | ((u32)b << shift);
+                s_k = k - acc;
+            }
+            __syncthreads();
+            prefix = s_prefix;
+            k = s_k;
+            mask |= 255u << shift;
+            __syncthreads();
+        }
+        thresh = prefix;
+    }
+    float best = -INFINITY;
+    u32 idx = 0xffffffffu;
+    for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = r[i];
+        if (v != v || fkey(v) < thresh) continue;
+        u64 h = mix64(seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+        float u = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+        float s = noise ? v * inv_t - logf(-logf(u)) : v;
+        if (s > best || idx == 0xffffffffu) {
+            best = s;
+            idx = (u32)i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        u32 oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (oi != 0xffffffffu && (idx == 0xffffffffu || ov > best || (ov == best && oi < idx))) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        bv[w] = best;
+        bi[w] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)(blockDim.x >> 5); k++) {
+            if (bi[k] != 0xffffffffu && (idx == 0xffffffffu || bv[k] > best || (bv[k] == best && bi[k] < idx))) {
+                best = bv[k];
+                idx = bi[k];
+            }
+        }
+        out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
+    }
+}

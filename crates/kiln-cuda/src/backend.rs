@@ -50,6 +50,29 @@ pub struct CudaOptions {
     pub device: usize,
     /// Replay decode steps as CUDA graphs.
     pub graphs: bool,
+    /// Most device bytes the backend may plan for (weights + KV pool +
+    /// scratch); `None`: the device's free memory less a margin.
+    /// `$KILN_GPU_MEM` (bytes, or with a K/M/G suffix) sets the default.
+    pub gpu_mem: Option<usize>,
+    /// Batches of at least this many tokens go through cuBLAS GEMMs
+    /// (quantized weights dequantized to f16 in row chunks); smaller ones
+    /// through the GEMV kernels. `$KILN_CUDA_GEMM_MIN` sets the default (16);
+    /// 0 turns cuBLAS off.
+    pub gemm_min: usize,
+}
+
+/// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1usize << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        (i, 't' | 'T') => (&s[..i], 1 << 40),
+        _ => (s, 1),
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v.is_finite() && v >= 0.0).then_some((v * mult as f64) as usize)
 }
 
 impl Default for CudaOptions {
@@ -57,7 +80,86 @@ impl Default for CudaOptions {
         CudaOptions {
             device: 0,
             graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            gpu_mem: std::env::var("KILN_GPU_MEM")
+                .ok()
+                .and_then(|v| parse_bytes(&v)),
+            gemm_min: std::env::var("KILN_CUDA_GEMM_MIN")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(16),
         }
+    }
+}
+
+/// Per-row parameters of sampling on the GPU ([`CudaBackend::forward_sample`]):
+/// Gumbel-max over the `top_k` largest logits (all when 0) at `temperature`
+/// (≤ 0: greedy), with noise drawn from `seed` alone, so a (seed, logits)
+/// pair always gives the same id. Penalties, top-p, min-p and logit bias
+/// are not applied here: requests using them sample on the CPU from logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSampling {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub seed: u64,
+}
+
+impl GpuSampling {
+    /// The four u32 words the kernel reads.
+    pub(crate) fn words(&self) -> [u32; 4] {
+        [
+            self.temperature.to_bits(),
+            self.top_k,
+            self.seed as u32,
+            (self.seed >> 32) as u32,
+        ]
+    }
+}
+
+/// A cuBLAS handle bound to the backend's stream, with a fixed workspace
+/// (so that GEMMs can be captured in CUDA graphs).
+struct Blas {
+    handle: cudarc::cublas::sys::cublasHandle_t,
+    _ws: DevBuf,
+}
+
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+impl Blas {
+    fn new(gpu: &Gpu) -> CuResult<Blas> {
+        use cudarc::cublas::{result as br, sys as bs};
+        // SAFETY: dlopen only.
+        if !unsafe { bs::is_culib_present() } {
+            return Err(CudaError("libcublas not found".into()));
+        }
+        crate::gpu::guarded("cuBLAS", || {
+            let err = |what: &str, e: br::CublasError| CudaError(format!("cuBLAS {what}: {e:?}"));
+            let handle = br::create_handle().map_err(|e| err("create", e))?;
+            let ws = DevBuf::alloc(BLAS_WORKSPACE)?;
+            // SAFETY: live handle, stream and workspace (kept with the handle).
+            let r = unsafe {
+                br::set_stream(handle, gpu.stream as bs::cudaStream_t)
+                    .and_then(|_| {
+                        bs::cublasSetWorkspace_v2(handle, ws.ptr as *mut _, BLAS_WORKSPACE).result()
+                    })
+                    .and_then(|_| {
+                        bs::cublasSetMathMode(handle, bs::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                            .result()
+                    })
+            };
+            if let Err(e) = r {
+                // SAFETY: created above.
+                let _ = unsafe { br::destroy_handle(handle) };
+                return Err(err("setup", e));
+            }
+            Ok(Blas { handle, _ws: ws })
+        })
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once (context current: see CudaBackend::drop).
+        let _ = unsafe { cudarc::cublas::result::destroy_handle(self.handle) };
     }
 }
 
@@ -126,6 +228,11 @@ struct Kernels {
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
+    sample: cudarc::driver::sys::CUfunction,
+    /// Per ggml type id: rows to 16-bit floats (for the GEMM path).
+    deq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    to_half: cudarc::driver::sys::CUfunction,
+    add_bias: cudarc::driver::sys::CUfunction,
 }
 
 impl Kernels {
@@ -133,6 +240,7 @@ impl Kernels {
         let mut mm = vec![None; 64];
         let mut embed = vec![None; 64];
         let mut mv = vec![None; 64];
+        let mut deq = vec![None; 64];
         for ty in GgmlType::ALL {
             if let Some(n) = kernel_type_name(ty) {
                 let id = ty.id() as usize;
@@ -144,6 +252,7 @@ impl Kernels {
                 ]);
                 embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
+                deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
             }
         }
         Ok(Kernels {
@@ -157,6 +266,10 @@ impl Kernels {
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
+            sample: gpu.func("sample_rows")?,
+            deq,
+            to_half: gpu.func("to_half")?,
+            add_bias: gpu.func("add_bias")?,
         })
     }
 }
@@ -189,6 +302,13 @@ struct Scratch {
     logits: DevBuf,
     ids: DevBuf,
     meta: DevBuf,
+    /// Sampling parameters, 4 u32 per logits row.
+    samp: DevBuf,
+    /// 16-bit activations for the GEMM path (max_batch x widest input).
+    xh: Option<DevBuf>,
+    /// Dequantized weight rows for the GEMM path (`deq_elems` 16-bit values).
+    wh: Option<DevBuf>,
+    deq_elems: usize,
 }
 
 /// Bytes a model needs on the device (weights + KV + scratch), for the
@@ -221,11 +341,16 @@ pub struct CudaBackend {
     s: Scratch,
     ml: MetaLayout,
     host_meta: Vec<u32>,
+    host_samp: Vec<u32>,
     row_seqs: Vec<u32>,
     graphs: Vec<Option<Graph>>,
     use_graphs: bool,
     k: Kernels,
     plan: MemoryPlan,
+    gemm_min: usize,
+    /// Why there is no cuBLAS (GEMV kernels used for every batch).
+    blas_note: Option<String>,
+    blas: Option<Blas>,
     // Last: dropped after every buffer above.
     gpu: Gpu,
 }
@@ -700,25 +825,65 @@ impl CudaBackend {
         };
         let ml = MetaLayout { total: o, ..ml };
         let scratch_floats = b * (4 * hid + qkv_dim + qd + 2 * inter + inter) + b * vocab;
+        // GEMM path: 16-bit activations, and (for quantized weights) one
+        // row chunk of dequantized weights as large as the largest layer
+        // matrix (the output matrix goes through in chunks of that size).
+        let (blas, blas_note) = if opts.gemm_min == 0 || b < opts.gemm_min {
+            (None, Some("off (gemm_min)".to_string()))
+        } else {
+            match Blas::new(&gpu) {
+                Ok(bl) => (Some(bl), None),
+                Err(e) => (None, Some(e.0)),
+            }
+        };
+        let quantized = m.tensors().iter().any(|t| {
+            matches!(t.ty, TensorType::Ggml(ty)
+                if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+                && t.logical_shape().len() == 2
+        });
+        let widest = hid.max(qd).max(inter);
+        let deq_elems = if blas.is_some() && quantized {
+            (qkv_dim * hid)
+                .max(qd * hid)
+                .max(2 * inter * hid)
+                .max(hid * inter)
+                .max(widest * 64)
+        } else {
+            0
+        };
+        let gemm_bytes = if blas.is_some() {
+            b * widest * 2 + deq_elems * 2 + BLAS_WORKSPACE
+        } else {
+            0
+        };
         let plan = MemoryPlan {
             weights: weight_bytes(m),
             kv: layout.total_bytes(),
-            scratch: scratch_floats * 4 + ml.total * 4 + b * 4,
+            scratch: scratch_floats * 4 + ml.total * 4 + b * 4 + b * 16 + gemm_bytes,
         };
         let (free, total) = gpu.mem_info()?;
         let margin = 256 << 20;
-        if plan.total() + margin > free {
+        let avail = free.saturating_sub(margin);
+        let budget = opts.gpu_mem.map_or(avail, |g| g.min(avail));
+        if plan.total() > budget {
             let gib = |x: usize| x as f64 / (1u64 << 30) as f64;
+            let limit = match opts.gpu_mem {
+                Some(g) if g < avail => format!("the GPU memory budget is {:.2} GiB", gib(g)),
+                _ => format!(
+                    "{} has {:.2} GiB free of {:.2} (less a {:.2} GiB margin)",
+                    gpu.info.name,
+                    gib(free),
+                    gib(total),
+                    gib(margin)
+                ),
+            };
             return Err(unsupported(format!(
                 "the model needs {:.2} GiB on the GPU (weights {:.2}, KV cache {:.2}, scratch {:.2}) \
-                 but {} has {:.2} GiB free of {:.2}; lower the context size (-c) or use --device cpu",
+                 but {limit}; lower the context size (-c), the batch size, or use --device cpu",
                 gib(plan.total()),
                 gib(plan.weights),
                 gib(plan.kv),
                 gib(plan.scratch),
-                gpu.info.name,
-                gib(free),
-                gib(total)
             )));
         }
 
@@ -827,10 +992,23 @@ impl CudaBackend {
             logits: f(b * vocab)?,
             ids: f(b)?,
             meta: f(ml.total)?,
+            samp: f(4 * b)?,
+            xh: if blas.is_some() {
+                Some(DevBuf::alloc(b * widest * 2)?)
+            } else {
+                None
+            },
+            wh: if deq_elems > 0 {
+                Some(DevBuf::alloc(deq_elems * 2)?)
+            } else {
+                None
+            },
+            deq_elems,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
         Ok(CudaBackend {
             host_meta: vec![0; ml.total],
+            host_samp: vec![0; 4 * b],
             row_seqs: Vec::with_capacity(b),
             graphs: (0..=max_graph).map(|_| None).collect(),
             use_graphs: opts.graphs,
@@ -849,6 +1027,9 @@ impl CudaBackend {
             ml,
             k,
             plan,
+            gemm_min: opts.gemm_min,
+            blas_note,
+            blas,
             gpu,
         })
     }
@@ -880,6 +1061,23 @@ impl CudaBackend {
 
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
+    }
+
+    /// Batches of at least `n` tokens use cuBLAS GEMMs (when cuBLAS loaded);
+    /// graphs captured so far are dropped.
+    pub fn set_gemm_min(&mut self, n: usize) {
+        self.gemm_min = n.max(1);
+        self.graphs.iter_mut().for_each(|g| *g = None);
+    }
+
+    /// How batches of many tokens are multiplied: "cuBLAS (≥ N tokens)" or
+    /// why GEMV kernels are used throughout.
+    pub fn gemm_info(&self) -> String {
+        match (&self.blas, &self.blas_note) {
+            (Some(_), _) => format!("cuBLAS for batches of ≥ {} tokens", self.gemm_min),
+            (None, Some(n)) => format!("GEMV kernels only (cuBLAS: {n})"),
+            (None, None) => "GEMV kernels only".into(),
+        }
     }
 
     fn validate(&self, batch: &Batch<'_>, kvt: &KvTables) -> Result<()> {
@@ -978,6 +1176,11 @@ impl CudaBackend {
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
     #[allow(clippy::too_many_arguments)]
     fn mm(&self, mat: &DMat, bias: u64, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
+        if n >= self.gemm_min {
+            if let Some(bl) = &self.blas {
+                return self.gemm(bl, mat, bias, x, n, y, ystride);
+            }
+        }
         if n == 1 {
             if let Some(f) = self.k.mv[mat.ty.id() as usize] {
                 const WARPS: usize = 4;
@@ -1023,6 +1226,132 @@ impl CudaBackend {
                 Arg::P(bias),
             ],
         )
+    }
+
+    /// `mm` through cuBLAS: F32 weights as they are (f32 GEMM), F16/BF16
+    /// weights as they are with x rounded to the same type, other types
+    /// dequantized to f16 in row chunks; f32 accumulation and output.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        bl: &Blas,
+        mat: &DMat,
+        bias: u64,
+        x: u64,
+        n: usize,
+        y: u64,
+        ystride: usize,
+    ) -> CuResult<()> {
+        use bs::cudaDataType as Dt;
+        use cudarc::cublas::sys as bs;
+        let (rows, cols) = (mat.rows, mat.cols);
+        let grid = |total: usize| (total.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
+        let (dt, fmt) = match mat.ty {
+            GgmlType::F32 => (Dt::CUDA_R_32F, -1),
+            GgmlType::BF16 => (Dt::CUDA_R_16BF, 1),
+            _ => (Dt::CUDA_R_16F, 0),
+        };
+        let b_ptr = if fmt < 0 {
+            x
+        } else {
+            let xh = self
+                .s
+                .xh
+                .as_ref()
+                .ok_or_else(|| CudaError("no GEMM scratch".into()))?;
+            self.gpu.launch(
+                self.k.to_half,
+                grid(n * cols),
+                256,
+                &[
+                    Arg::P(x),
+                    Arg::P((n * cols) as u64),
+                    Arg::P(xh.ptr),
+                    Arg::I(fmt),
+                ],
+            )?;
+            xh.ptr
+        };
+        let direct = matches!(mat.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let call = |a: u64, r0: usize, m: usize| -> CuResult<()> {
+            // Column-major view: W is cols x rows (lda = cols), x is cols x n,
+            // y is ystride x n; y[r0..r0+m] = W^T x.
+            // SAFETY: the pointers are device buffers of the sizes above; the
+            // handle's stream is the backend's stream.
+            unsafe {
+                bs::cublasGemmEx(
+                    bl.handle,
+                    bs::cublasOperation_t::CUBLAS_OP_T,
+                    bs::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    cols as i32,
+                    (&alpha) as *const f32 as *const _,
+                    a as *const _,
+                    dt,
+                    cols as i32,
+                    b_ptr as *const _,
+                    dt,
+                    cols as i32,
+                    (&beta) as *const f32 as *const _,
+                    (y + r0 as u64 * 4) as *mut _,
+                    Dt::CUDA_R_32F,
+                    ystride as i32,
+                    bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .result()
+                .map_err(|e| CudaError(format!("cuBLAS GEMM {m}x{n}x{cols}: {e:?}")))
+            }
+        };
+        if direct {
+            call(mat.ptr(), 0, rows)?;
+        } else {
+            let wh = self
+                .s
+                .wh
+                .as_ref()
+                .ok_or_else(|| CudaError("no GEMM scratch".into()))?;
+            let f = self.k.deq[mat.ty.id() as usize]
+                .ok_or_else(|| CudaError(format!("no dequantization kernel for {}", mat.ty)))?;
+            let chunk = (self.s.deq_elems / cols).max(1).min(rows);
+            let units = cols.div_ceil(32);
+            let mut r0 = 0;
+            while r0 < rows {
+                let m = chunk.min(rows - r0);
+                self.gpu.launch(
+                    f,
+                    ((m * units).div_ceil(256) as u32, 1, 1),
+                    256,
+                    &[
+                        Arg::P(mat.ptr() + (r0 * mat.row_bytes) as u64),
+                        Arg::P(mat.row_bytes as u64),
+                        Arg::I(m as i32),
+                        Arg::I(cols as i32),
+                        Arg::P(wh.ptr),
+                        Arg::I(0),
+                    ],
+                )?;
+                call(wh.ptr, r0, m)?;
+                r0 += m;
+            }
+        }
+        if bias != 0 {
+            self.gpu.launch(
+                self.k.add_bias,
+                grid(n * rows),
+                256,
+                &[
+                    Arg::P(y),
+                    Arg::I(ystride as i32),
+                    Arg::I(rows as i32),
+                    Arg::I(n as i32),
+                    Arg::P(bias),
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
@@ -1290,6 +1619,54 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// Like [`CudaBackend::forward_greedy`], but each row that wants logits
+    /// is sampled on the GPU with its own [`GpuSampling`] (Gumbel-max over
+    /// the top k); only the ids come back.
+    pub fn forward_sample(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[GpuSampling],
+        ids: &mut [u32],
+    ) -> Result<()> {
+        let n = batch.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.validate(batch, kv)?;
+        let k = batch.n_logits();
+        if ids.len() < k || params.len() < k {
+            return Err(EngineError::Input(
+                "ids or sampling parameters shorter than the logits rows".into(),
+            ));
+        }
+        self.stage(batch, kv)?;
+        for (i, p) in params[..k].iter().enumerate() {
+            self.host_samp[4 * i..4 * i + 4].copy_from_slice(&p.words());
+        }
+        self.gpu
+            .upload_async(self.s.samp.ptr, &self.host_samp[..4 * k])?;
+        self.run(batch, k, false)?;
+        if k > 0 {
+            self.gpu.launch(
+                self.k.sample,
+                (k as u32, 1, 1),
+                1024,
+                &[
+                    Arg::P(self.s.logits.ptr),
+                    Arg::P(self.desc.vocab_size as u64),
+                    Arg::P(self.s.samp.ptr),
+                    Arg::P(self.s.ids.ptr),
+                ],
+            )?;
+            self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
+        }
+        self.gpu.sync()?;
+        Ok(())
+    }
+}
+
 /// Decode steps have one token per sequence; prefill chunks are never graphed.
 fn repeats_seq(batch: &Batch<'_>) -> bool {
     let s = batch.seqs;
@@ -1324,5 +1701,32 @@ impl Backend for CudaBackend {
         }
         self.gpu.sync()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("1234"), Some(1234));
+        assert_eq!(parse_bytes("8G"), Some(8 << 30));
+        assert_eq!(parse_bytes("1.5g"), Some(3 << 29));
+        assert_eq!(parse_bytes("512M"), Some(512 << 20));
+        assert_eq!(parse_bytes(" 64k "), Some(64 << 10));
+        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(parse_bytes("-1G"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn sampling_words() {
+        let p = GpuSampling {
+            temperature: 0.5,
+            top_k: 40,
+            seed: 0x1234_5678_9abc_def0,
+        };
+        assert_eq!(p.words(), [0.5f32.to_bits(), 40, 0x9abc_def0, 0x1234_5678]);
     }
 }

@@ -46,7 +46,7 @@ fn drv<T>(what: &str, r: std::result::Result<T, dr::DriverError>) -> CuResult<T>
 }
 
 /// cudarc panics when a library or symbol is missing; turn that into an error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> CuResult<T>) -> CuResult<T> {
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> CuResult<T>) -> CuResult<T> {
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

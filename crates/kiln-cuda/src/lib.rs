@@ -20,5 +20,7 @@ mod backend;
 pub mod gpu;
 pub mod testing;
 
-pub use backend::{kernel_type_name, CudaBackend, CudaOptions, MemoryPlan};
+pub use backend::{
+    kernel_type_name, parse_bytes, CudaBackend, CudaOptions, GpuSampling, MemoryPlan,
+};
 pub use gpu::{driver_present, CudaError, DeviceInfo, Gpu};

@@ -127,3 +127,40 @@ pub fn embed(
     gpu.sync()?;
     Ok(y)
 }
+
+/// One sampled id per row of `logits` (`rows` x `cols`) with the GPU
+/// sampler (Gumbel-max over the top k), one parameter set per row.
+pub fn sample(
+    gpu: &mut Gpu,
+    logits: &[f32],
+    cols: usize,
+    params: &[crate::GpuSampling],
+) -> CuResult<Vec<u32>> {
+    let rows = params.len();
+    gpu.bind()?;
+    let dl = DevBuf::from_f32(&logits[..rows * cols])?;
+    let host: Vec<u32> = params.iter().flat_map(|p| p.words()).collect();
+    let dp = DevBuf::from_bytes(
+        &host
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )?;
+    let dout = DevBuf::zeroed(rows * 4)?;
+    let f = gpu.func("sample_rows")?;
+    gpu.launch(
+        f,
+        (rows as u32, 1, 1),
+        1024,
+        &[
+            Arg::P(dl.ptr),
+            Arg::P(cols as u64),
+            Arg::P(dp.ptr),
+            Arg::P(dout.ptr),
+        ],
+    )?;
+    let mut ids = vec![0u32; rows];
+    gpu.download_async(&mut ids, dout.ptr)?;
+    gpu.sync()?;
+    Ok(ids)
+}
