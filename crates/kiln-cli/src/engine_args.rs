@@ -122,17 +122,13 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
     let t_load = Instant::now();
     let path = crate::default_model::resolve(a.model.clone())?;
     let model = Arc::new(Model::open(&path)?);
-    let tok = match &model.gguf {
-        Some(g) => Tokenizer::from_gguf(g),
-        None => Tokenizer::from_hf_dir(&path),
-    };
+    let tok = Tokenizer::from_model(&model);
     let desc = ArchDescriptor::from_model(&model)?;
-    let model_ctx = desc.context_length;
-    let ctx = match a.ctx_size {
-        Some(CtxArg::Size(0)) => model_ctx,
-        Some(CtxArg::Size(n)) => n.min(model_ctx),
-        _ => model_ctx.min(4096),
+    let requested = match a.ctx_size {
+        Some(CtxArg::Size(n)) => Some(n),
+        _ => None,
     };
+    let ctx = EngineOptions::resolve_ctx(requested, desc.context_length);
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -24,6 +24,20 @@ pub struct EngineOptions {
     pub max_chunk: usize,
 }
 
+impl EngineOptions {
+    /// The context to plan for: `requested` (0 = the model's own), capped at
+    /// what the model was trained for; by default at most 4096 so the KV
+    /// pool of a 128k-context model does not take all memory.
+    pub fn resolve_ctx(requested: Option<usize>, model_ctx: usize) -> usize {
+        let model_ctx = model_ctx.max(1);
+        match requested {
+            Some(0) => model_ctx,
+            Some(n) => n.min(model_ctx),
+            None => model_ctx.min(4096),
+        }
+    }
+}
+
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_core::{ArchDescriptor, KvLayout};
+use kiln_core::{ArchDescriptor, EngineOptions, KvLayout};
 use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_format::Model;
 use kiln_tokenizer::Tokenizer;
@@ -92,18 +92,10 @@ impl Default for ServerConfig {
 pub fn load(cfg: &ServerConfig) -> Result<Arc<AppState>, String> {
     let path = &cfg.model_path;
     let model = Arc::new(Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?);
-    let tok = match &model.gguf {
-        Some(g) => Tokenizer::from_gguf(g),
-        None => Tokenizer::from_hf_dir(path),
-    }
-    .map_err(|e| format!("tokenizer of {}: {e}", path.display()))?;
+    let tok = Tokenizer::from_model(&model)
+        .map_err(|e| format!("tokenizer of {}: {e}", path.display()))?;
     let desc = ArchDescriptor::from_model(&model).map_err(|e| e.to_string())?;
-    let model_ctx = desc.context_length.max(1);
-    let ctx = match cfg.ctx {
-        Some(0) => model_ctx,
-        Some(n) => n.min(model_ctx),
-        None => model_ctx.min(4096),
-    };
+    let ctx = EngineOptions::resolve_ctx(cfg.ctx, desc.context_length);
     let parallel = cfg.parallel.max(1);
     let step = cfg.batch_size.max(parallel).max(1);
     let threads = cfg

@@ -323,6 +323,15 @@ impl Tokenizer {
         Self::from_built(b, "gguf")
     }
 
+    /// The tokenizer of an opened model: its GGUF metadata, or the files of
+    /// its Hugging Face folder.
+    pub fn from_model(m: &kiln_format::Model) -> Result<Self> {
+        match &m.gguf {
+            Some(g) => Self::from_gguf(g),
+            None => Self::from_hf_dir(&m.path),
+        }
+    }
+
     /// Load a Hugging Face folder: `tokenizer.json` plus `tokenizer_config.json`,
     /// `generation_config.json`, `config.json` and the chat template files.
     pub fn from_hf_dir(dir: impl AsRef<Path>) -> Result<Self> {
