@@ -18,6 +18,8 @@ type JobRef = *const (dyn Fn(usize) + Sync + 'static);
 
 /// How long an idle worker spins before it parks.
 const SPIN: Duration = Duration::from_micros(300);
+/// How long the caller spins on unfinished workers before it parks.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
 
 struct Shared {
     /// Written by `run` only while no worker reads it (between a completed
@@ -28,6 +30,10 @@ struct Shared {
     quit: AtomicBool,
     /// Per worker: parked (or about to park), so `run` must unpark it.
     parked: Vec<AtomicBool>,
+    /// The thread in `run`, written like `job`; parked while it waits for
+    /// slow workers (a busy machine), woken by the last one to finish.
+    caller: UnsafeCell<Option<Thread>>,
+    caller_parked: AtomicBool,
 }
 
 // SAFETY: `job` is published through `generation` (release/acquire) and
@@ -52,6 +58,8 @@ impl ThreadPool {
             pending: AtomicUsize::new(0),
             quit: AtomicBool::new(false),
             parked: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            caller: UnsafeCell::new(None),
+            caller_parked: AtomicBool::new(false),
         });
         let mut handles = Vec::new();
         for i in 1..n {
@@ -93,6 +101,13 @@ impl ThreadPool {
                 *const (dyn Fn(usize) + Sync + '_),
                 JobRef,
             >(f as *const (dyn Fn(usize) + Sync)));
+            let me = &mut *s.caller.get();
+            if me
+                .as_ref()
+                .is_none_or(|t| t.id() != std::thread::current().id())
+            {
+                *me = Some(std::thread::current());
+            }
         }
         s.pending.store(self.n - 1, Ordering::Relaxed);
         s.generation.fetch_add(1, Ordering::SeqCst);
@@ -102,14 +117,19 @@ impl ThreadPool {
             }
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let start = Instant::now();
         let mut spins = 0u32;
         while s.pending.load(Ordering::Acquire) != 0 {
-            spins += 1;
-            if spins < 1 << 16 {
+            spins = spins.wrapping_add(1);
+            if spins & 63 != 0 || start.elapsed() < WAIT_SPIN {
                 std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+                continue;
             }
+            s.caller_parked.store(true, Ordering::SeqCst);
+            if s.pending.load(Ordering::SeqCst) != 0 {
+                std::thread::park_timeout(Duration::from_millis(1));
+            }
+            s.caller_parked.store(false, Ordering::SeqCst);
         }
         if let Err(p) = mine {
             resume_unwind(p);
@@ -147,7 +167,13 @@ fn worker(i: usize, s: &Shared) {
         if let Some(f) = unsafe { *s.job.get() } {
             let _ = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(i) }));
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
+            // SAFETY: written before the generation bump we saw; `run` is
+            // still waiting (pending was not 0), so nothing rewrites it.
+            if let Some(t) = unsafe { &*s.caller.get() } {
+                t.unpark();
+            }
+        }
     }
 }
 
