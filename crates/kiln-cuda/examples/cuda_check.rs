@@ -708,6 +708,59 @@ fn sample_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     }
 }
 
+/// Prefill of one 2048-token chunk (timed like llama-bench's pp2048), GEMM
+/// path, best of three after a warm-up.
+fn bench_long() {
+    println!("\n## prefill 2048 tokens in one chunk (Llama-3.2-1B shape)");
+    for ty in [GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4K] {
+        let r = (|| -> Result<f64, String> {
+            let model = Arc::new(synth_llama(ty, 16)?);
+            let desc = ArchDescriptor::from_model(&model).map_err(|e| e.to_string())?;
+            let chunk = 2048;
+            let layout = KvLayout::plan(&desc, chunk, 1, 16, chunk);
+            let mut b = CudaBackend::new(
+                model.clone(),
+                desc,
+                layout.clone(),
+                chunk,
+                CudaOptions::default(),
+            )
+            .map_err(|e| e.to_string())?;
+            let vocab = 128_256;
+            let mut logits = vec![0.0f32; vocab];
+            let prompt: Vec<u32> = (0..chunk as u32)
+                .map(|i| (i * 7919) % vocab as u32)
+                .collect();
+            let positions: Vec<u32> = (0..chunk as u32).collect();
+            let seqs = vec![0u32; chunk];
+            let mut want = vec![false; chunk];
+            want[chunk - 1] = true;
+            let mut best = f64::MAX;
+            for it in 0..4 {
+                let mut kv = KvTables::new(layout.clone());
+                kv.reserve(0, chunk).map_err(|e| e.to_string())?;
+                let batch = Batch {
+                    tokens: &prompt,
+                    positions: &positions,
+                    seqs: &seqs,
+                    want_logits: &want,
+                };
+                let t = Instant::now();
+                b.forward(&batch, &kv, &mut logits)
+                    .map_err(|e| e.to_string())?;
+                if it > 0 {
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+            }
+            Ok(chunk as f64 / best)
+        })();
+        match r {
+            Ok(tps) => println!("| {ty} | prefill 2048: {tps:.0} tok/s |"),
+            Err(e) => println!("| {ty} | error: {e} |"),
+        }
+    }
+}
+
 fn bench() {
     println!("\n## speed: Llama-3.2-1B shape (16 layers, hidden 2048, vocab 128256, tied), random weights");
     println!("| type | weights read/token | prefill 512 tok/s (GEMM) | prefill 512 tok/s (GEMV) | decode tok/s: graph+GPU argmax | graph+logits | no graph | GB/s (graph+argmax) |");
@@ -911,6 +964,7 @@ fn main() {
     model_checks(&fixtures, &mut failures);
     if bench_on {
         bench();
+        bench_long();
     }
     println!();
     if failures.is_empty() {

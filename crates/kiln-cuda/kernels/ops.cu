@@ -224,6 +224,124 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     }
 }
 
+// Prefill attention sharing each K/V load among the G query heads of a
+// GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).
+// Each warp walks a strided share of the positions, keeps G online softmaxes,
+// and the warps' partial results are merged at the end. Same arguments and
+// arithmetic per head as `attention` (which reads K/V once per query head).
+template <int G>
+__device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, const float* kc,
+                                                   const float* vc, int n_heads, int n_kv, int hd,
+                                                   const u32* positions, const u32* ends,
+                                                   const u32* rowidx, const u32* tables, int tstride,
+                                                   int bs, int nlg, int lig, int window, float scale,
+                                                   float softcap, float* out, int ostride) {
+    __shared__ float sm[ATT_WARPS][G], sl[ATT_WARPS][G];
+    __shared__ float sacc[ATT_WARPS][G][ATT_DPL * 32];
+    int kh = blockIdx.x, t = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvd = n_kv * hd;
+    u32 pos = positions[t];
+    int end = (int)ends[t];
+    int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
+    const u32* table = tables + (u64)rowidx[t] * tstride;
+    float qv[G][ATT_DPL], acc[G][ATT_DPL], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float* qh = q + (u64)t * qstride + (kh * G + g) * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            qv[g][i] = d < hd ? qh[d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    for (int p = start + warp; p < end; p += ATT_WARPS) {
+        u32 blk = table[p / bs];
+        u64 at = (((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+        const float* kp = kc + at;
+        const float* vp = vc + at;
+        float kx[ATT_DPL], vx[ATT_DPL];
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            kx[i] = d < hd ? kp[d] : 0.0f;
+            vx[i] = d < hd ? vp[d] : 0.0f;
+        }
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) a += qv[g][i] * kx[i];
+            s[g] = a;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float sg = s[g] * scale;
+            if (softcap > 0.0f) sg = tanhf(sg / softcap) * softcap;
+            float mn = fmaxf(m[g], sg);
+            float corr = __expf(m[g] - mn);
+            float e = __expf(sg - mn);
+            l[g] = l[g] * corr + e;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) acc[g][i] = acc[g][i] * corr + e * vx[i];
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            sm[warp][g] = m[g];
+            sl[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) sacc[warp][g][lane + 32 * i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.0f;
+        float f[ATT_WARPS];
+        for (int w = 0; w < ATT_WARPS; w++) {
+            f[w] = sm[w][g] == -INFINITY ? 0.0f : __expf(sm[w][g] - M);
+            L += sl[w][g] * f[w];
+        }
+        float invL = L > 0.0f ? 1.0f / L : 0.0f;
+        float* o = out + (u64)t * ostride + (kh * G + g) * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) {
+                float s = 0.0f;
+                for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][g][d] * f[w];
+                o[d] = s * invL;
+            }
+        }
+    }
+}
+
+#define ATT_GQA(G)                                                                                    \
+    extern "C" __global__ void attention_g##G(                                                        \
+        const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd, \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride,     \
+        int bs, int nlg, int lig, int window, float scale, float softcap, float* out, int ostride) {  \
+        attention_gqa_impl<G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
+                              tstride, bs, nlg, lig, window, scale, softcap, out, ostride);           \
+    }
+
+ATT_GQA(2)
+ATT_GQA(4)
+ATT_GQA(8)
+
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
                                    float* out) {

@@ -124,6 +124,9 @@ struct Blas {
 
 const BLAS_WORKSPACE: usize = 32 << 20;
 
+/// Batches of at least this many tokens use the GQA-sharing attention kernel.
+const ATT_GQA_MIN_TOKENS: usize = 16;
+
 impl Blas {
     fn new(gpu: &Gpu) -> CuResult<Blas> {
         use cudarc::cublas::{result as br, sys as bs};
@@ -225,6 +228,8 @@ struct Kernels {
     gather_norm: cudarc::driver::sys::CUfunction,
     qkv_post: cudarc::driver::sys::CUfunction,
     attention: cudarc::driver::sys::CUfunction,
+    /// Attention sharing K/V loads among 2, 4, 8 query heads per KV head.
+    attention_gqa: [cudarc::driver::sys::CUfunction; 3],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -263,6 +268,11 @@ impl Kernels {
             gather_norm: gpu.func("gather_norm")?,
             qkv_post: gpu.func("qkv_post")?,
             attention: gpu.func("attention")?,
+            attention_gqa: [
+                gpu.func("attention_g2")?,
+                gpu.func("attention_g4")?,
+                gpu.func("attention_g8")?,
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -348,6 +358,9 @@ pub struct CudaBackend {
     k: Kernels,
     plan: MemoryPlan,
     gemm_min: usize,
+    /// Batches of at least this many tokens use the GQA-sharing attention
+    /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
+    att_gqa_min: usize,
     /// Why there is no cuBLAS (GEMV kernels used for every batch).
     blas_note: Option<String>,
     blas: Option<Blas>,
@@ -1028,6 +1041,10 @@ impl CudaBackend {
             k,
             plan,
             gemm_min: opts.gemm_min,
+            att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(ATT_GQA_MIN_TOKENS),
             blas_note,
             blas,
             gpu,
@@ -1456,9 +1473,22 @@ impl CudaBackend {
                     Arg::P(self.kv_v[g].ptr),
                 ],
             )?;
+            // Many tokens: one block per KV head and token (K/V read once per
+            // GQA group); few (decode): one per query head, for parallelism.
+            let gqa = match d.n_heads / d.n_kv_heads {
+                2 => Some(0),
+                4 => Some(1),
+                8 => Some(2),
+                _ => None,
+            }
+            .filter(|_| n >= self.att_gqa_min);
+            let (att_f, att_heads) = match gqa {
+                Some(i) => (self.k.attention_gqa[i], d.n_kv_heads),
+                None => (self.k.attention, d.n_heads),
+            };
             self.gpu.launch(
-                self.k.attention,
-                (d.n_heads as u32, n as u32, 1),
+                att_f,
+                (att_heads as u32, n as u32, 1),
                 128,
                 &[
                     Arg::P(s.qkv.ptr),
