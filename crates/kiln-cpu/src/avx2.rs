@@ -153,25 +153,42 @@ macro_rules! legacy_dot {
         unsafe fn $name<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
             // Two sets of accumulators (even and odd blocks) to break the
             // FMA and add latency chains; the same for every T.
-            let mut acc = [[_mm256_setzero_ps(); T]; 2];
-            let mut corr = [[0.0f32; T]; 2];
-            for b in 0..nb {
+            let mut acc0 = [_mm256_setzero_ps(); T];
+            let mut acc1 = [_mm256_setzero_ps(); T];
+            let mut corr0 = [0.0f32; T];
+            let mut corr1 = [0.0f32; T];
+            #[inline(always)]
+            unsafe fn step<const T: usize>(
+                w: *const u8,
+                b: usize,
+                x: &[XRef; T],
+                acc: &mut [__m256; T],
+                corr: &mut [f32; T],
+            ) {
                 let $blk = w.add(b * $bytes);
                 _mm_prefetch::<_MM_HINT_T0>($blk.wrapping_add(PREFETCH) as *const i8);
                 let (q, d, m): (__m256i, f32, f32) = $unpack;
                 let cm = if $has_min { m } else { d };
-                let h = b & 1;
                 for t in 0..T {
                     let xv = ld(x[t].qs.add(32 * b));
                     let s = _mm256_set1_ps(d * *x[t].d.add(b));
-                    acc[h][t] = _mm256_fmadd_ps(mul_sum(q, xv), s, acc[h][t]);
-                    corr[h][t] += cm * *x[t].sx.add(b);
+                    acc[t] = _mm256_fmadd_ps(mul_sum(q, xv), s, acc[t]);
+                    corr[t] += cm * *x[t].sx.add(b);
                 }
+            }
+            let mut b = 0;
+            while b + 2 <= nb {
+                step(w, b, x, &mut acc0, &mut corr0);
+                step(w, b + 1, x, &mut acc1, &mut corr1);
+                b += 2;
+            }
+            if b < nb {
+                step(w, b, x, &mut acc0, &mut corr0);
             }
             let mut out = [0.0f32; T];
             for t in 0..T {
-                let a = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
-                let c = corr[0][t] + corr[1][t];
+                let a = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+                let c = corr0[t] + corr1[t];
                 out[t] = if $has_min { a + c } else { a - $off * c };
             }
             out
@@ -224,23 +241,33 @@ legacy_dot!(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_q8_0<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
-    let mut acc = [[_mm256_setzero_ps(); T]; 2];
-    for b in 0..nb {
+    #[inline(always)]
+    unsafe fn step<const T: usize>(w: *const u8, b: usize, x: &[XRef; T], acc: &mut [__m256; T]) {
         let blk = w.add(b * 34);
         _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH) as *const i8);
         let d = f16(blk);
         let wv = ldu(blk.add(2));
         let aw = _mm256_sign_epi8(wv, wv);
-        let h = b & 1;
         for t in 0..T {
             let xv = _mm256_sign_epi8(ld(x[t].qs.add(32 * b)), wv);
             let s = _mm256_set1_ps(d * *x[t].d.add(b));
-            acc[h][t] = _mm256_fmadd_ps(mul_sum(aw, xv), s, acc[h][t]);
+            acc[t] = _mm256_fmadd_ps(mul_sum(aw, xv), s, acc[t]);
         }
+    }
+    let mut acc0 = [_mm256_setzero_ps(); T];
+    let mut acc1 = [_mm256_setzero_ps(); T];
+    let mut b = 0;
+    while b + 2 <= nb {
+        step(w, b, x, &mut acc0);
+        step(w, b + 1, x, &mut acc1);
+        b += 2;
+    }
+    if b < nb {
+        step(w, b, x, &mut acc0);
     }
     let mut out = [0.0f32; T];
     for t in 0..T {
-        out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+        out[t] = hsum(_mm256_add_ps(acc0[t], acc1[t]));
     }
     out
 }
@@ -376,7 +403,8 @@ macro_rules! k16_dot {
         #[inline]
         unsafe fn $name<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f32; T] {
             let masks = scale_masks();
-            let mut acc = [[_mm256_setzero_ps(); T]; 2];
+            let mut acc0 = [_mm256_setzero_ps(); T];
+            let mut acc1 = [_mm256_setzero_ps(); T];
             let mut corr = [_mm256_setzero_ps(); T];
             let mut sv = [[0.0f32; 8]; T];
             for b in 0..nb {
@@ -392,19 +420,21 @@ macro_rules! k16_dot {
                     let c = _mm256_cvtepi32_ps(_mm256_madd_epi16(cco, s16));
                     corr[t] = _mm256_fmadd_ps(c, _mm256_mul_ps(_mm256_set1_ps(dcorr), dx), corr[t]);
                 }
-                for $k in 0..8 {
-                    let q = $chunk;
-                    let scv = sc.chunk($k);
-                    for t in 0..T {
-                        let p = mul_sum_scaled(q, ld(x[t].qs.add(256 * b + 32 * $k)), scv);
-                        let h = $k & 1;
-                        acc[h][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(sv[t][$k]), acc[h][t]);
+                for kk in 0..4 {
+                    for (half, acc) in [(0, &mut acc0), (1, &mut acc1)] {
+                        let $k = 2 * kk + half;
+                        let q = $chunk;
+                        let scv = sc.chunk($k);
+                        for t in 0..T {
+                            let p = mul_sum_scaled(q, ld(x[t].qs.add(256 * b + 32 * $k)), scv);
+                            acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(sv[t][$k]), acc[t]);
+                        }
                     }
                 }
             }
             let mut out = [0.0f32; T];
             for t in 0..T {
-                out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t])) - hsum(corr[t]);
+                out[t] = hsum(_mm256_add_ps(acc0[t], acc1[t])) - hsum(corr[t]);
             }
             out
         }
