@@ -36,11 +36,19 @@ pub enum Device {
     Cuda,
 }
 
+fn parse_gpu_mem(s: &str) -> Result<usize, String> {
+    kiln_cuda::parse_bytes(s).ok_or_else(|| format!("'{s}' is not a size (e.g. 512M, 8G)"))
+}
+
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
     /// Where to run: auto (CUDA if a driver is found), cpu or cuda.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    /// Most GPU memory kiln may plan for (weights + KV + scratch), e.g. 8G
+    /// (default: the device's free memory less a margin).
+    #[arg(long = "gpu-mem", value_parser = parse_gpu_mem)]
+    pub gpu_mem: Option<usize>,
     /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
     pub model: Option<PathBuf>,
     /// Context size in tokens (0: the model's; default min(4096, model's)). `-cnv` is read as --chat.
@@ -155,7 +163,10 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
                 desc.clone(),
                 layout.clone(),
                 opts.max_chunk,
-                CudaOptions::default(),
+                CudaOptions {
+                    gpu_mem: a.gpu_mem.or(CudaOptions::default().gpu_mem),
+                    ..CudaOptions::default()
+                },
             );
             match (b, a.device) {
                 (Ok(b), _) => Some(b),
