@@ -12,6 +12,7 @@ pub mod ggml_type;
 pub mod gguf;
 pub mod model;
 pub mod names;
+pub mod quantize;
 mod shapes;
 
 pub use config::{Activation, Arch, ModelConfig, NormKind, RopeConfig, RopeScaling, RopeStyle};
