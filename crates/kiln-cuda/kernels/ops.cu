@@ -342,6 +342,154 @@ ATT_GQA(2)
 ATT_GQA(4)
 ATT_GQA(8)
 
+// Prefill attention for a batch of ONE sequence: a block takes one KV head
+// and 32 / G consecutive tokens (32 query rows: token-major, the G heads of
+// the group within), and walks the union of their visible positions in
+// chunks of 32 keys staged in shared memory (K, then V in the same buffer),
+// so each K/V element is read once per tile instead of once per token.
+// Row r is handled by warp r % 4; in the score phase lane j takes key j, in
+// the value phase lane l takes dimensions l, l + 32, ... (hd <= 128).
+// grid: (n_kv, ceil(n / (32 / G))); block: 128.
+#define AT_ROWS 32
+#define AT_KC 32
+#define AT_HD 128
+#define AT_RPW (AT_ROWS / 4)
+extern "C" __global__ void attention_tile(const float* q, int qstride, const float* kc, const float* vc,
+                                          int n, int n_kv, int hd, int G, const u32* positions,
+                                          const u32* ends, const u32* rowidx, const u32* tables,
+                                          int tstride, int bs, int nlg, int lig, int window,
+                                          float scale, float softcap, float* out, int ostride) {
+    __shared__ float qs[AT_ROWS][AT_HD];
+    __shared__ float kvs[AT_KC][AT_HD + 1];
+    __shared__ int s_lo, s_hi;
+    int kh = blockIdx.x;
+    int tq = AT_ROWS / G;
+    int t0 = blockIdx.y * tq;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvd = n_kv * hd;
+    const u32* table = tables + (u64)rowidx[t0] * tstride;
+    for (int idx = threadIdx.x; idx < AT_ROWS * hd; idx += blockDim.x) {
+        int r = idx / hd, d = idx % hd;
+        int t = t0 + r / G;
+        qs[r][d] = t < n ? q[(u64)t * qstride + (kh * G + r % G) * hd + d] : 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        int lo = 0x7fffffff, hi = 0;
+        for (int k = 0; k < tq && t0 + k < n; k++) {
+            int pos = (int)positions[t0 + k];
+            int st = window > 0 ? max(0, pos + 1 - window) : 0;
+            lo = min(lo, st);
+            hi = max(hi, (int)ends[t0 + k]);
+        }
+        s_lo = lo;
+        s_hi = hi;
+    }
+    __syncthreads();
+    int lo = s_lo, hi = s_hi;
+    int rst[AT_RPW], ren[AT_RPW];
+    float m[AT_RPW], l[AT_RPW], acc[AT_RPW][AT_HD / 32];
+#pragma unroll
+    for (int k = 0; k < AT_RPW; k++) {
+        int r = warp + 4 * k;
+        int t = t0 + r / G;
+        if (t < n) {
+            int pos = (int)positions[t];
+            rst[k] = window > 0 ? max(0, pos + 1 - window) : 0;
+            ren[k] = (int)ends[t];
+        } else {
+            rst[k] = 0;
+            ren[k] = 0;
+        }
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < AT_HD / 32; i++) acc[k][i] = 0.0f;
+    }
+    for (int c0 = lo; c0 < hi; c0 += AT_KC) {
+        // K chunk.
+        for (int idx = threadIdx.x; idx < AT_KC * hd; idx += blockDim.x) {
+            int j = idx / hd, d = idx % hd;
+            int p = c0 + j;
+            float v = 0.0f;
+            if (p < hi) {
+                u32 blk = table[p / bs];
+                v = kc[(((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd + d];
+            }
+            kvs[j][d] = v;
+        }
+        __syncthreads();
+        float pr[AT_RPW];
+        float corr[AT_RPW];
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) {
+            int r = warp + 4 * k;
+            int p = c0 + lane;
+            bool ok = p >= rst[k] && p < ren[k];
+            float sc = -INFINITY;
+            if (ok) {
+                float a = 0.0f;
+                for (int d = 0; d < hd; d++) a += qs[r][d] * kvs[lane][d];
+                sc = a * scale;
+                if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
+            }
+            float mx = warp_max(sc);
+            float mn = fmaxf(m[k], mx);
+            if (mn == -INFINITY) {
+                pr[k] = 0.0f;
+                corr[k] = 1.0f;
+            } else {
+                pr[k] = ok ? __expf(sc - mn) : 0.0f;
+                corr[k] = __expf(m[k] - mn);
+                l[k] = l[k] * corr[k] + warp_sum(pr[k]);
+                m[k] = mn;
+            }
+        }
+        __syncthreads();
+        // V chunk, into the same buffer.
+        for (int idx = threadIdx.x; idx < AT_KC * hd; idx += blockDim.x) {
+            int j = idx / hd, d = idx % hd;
+            int p = c0 + j;
+            float v = 0.0f;
+            if (p < hi) {
+                u32 blk = table[p / bs];
+                v = vc[(((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd + d];
+            }
+            kvs[j][d] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) {
+            float a[AT_HD / 32];
+#pragma unroll
+            for (int i = 0; i < AT_HD / 32; i++) a[i] = acc[k][i] * corr[k];
+            for (int j = 0; j < AT_KC; j++) {
+                float pj = __shfl_sync(0xffffffffu, pr[k], j);
+#pragma unroll
+                for (int i = 0; i < AT_HD / 32; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hd) a[i] += pj * kvs[j][d];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < AT_HD / 32; i++) acc[k][i] = a[i];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < AT_RPW; k++) {
+        int r = warp + 4 * k;
+        int t = t0 + r / G;
+        if (t >= n) continue;
+        float invL = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+        float* o = out + (u64)t * ostride + (kh * G + r % G) * hd;
+#pragma unroll
+        for (int i = 0; i < AT_HD / 32; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) o[d] = acc[k][i] * invL;
+        }
+    }
+}
+
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
                                    float* out) {

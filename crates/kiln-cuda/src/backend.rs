@@ -230,6 +230,7 @@ struct Kernels {
     attention: cudarc::driver::sys::CUfunction,
     /// Attention sharing K/V loads among 2, 4, 8 query heads per KV head.
     attention_gqa: [cudarc::driver::sys::CUfunction; 3],
+    attention_tile: cudarc::driver::sys::CUfunction,
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -273,6 +274,7 @@ impl Kernels {
                 gpu.func("attention_g4")?,
                 gpu.func("attention_g8")?,
             ],
+            attention_tile: gpu.func("attention_tile")?,
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1482,37 +1484,75 @@ impl CudaBackend {
                 _ => None,
             }
             .filter(|_| n >= self.att_gqa_min);
-            let (att_f, att_heads) = match gqa {
-                Some(i) => (self.k.attention_gqa[i], d.n_kv_heads),
-                None => (self.k.attention, d.n_heads),
-            };
-            self.gpu.launch(
-                att_f,
-                (att_heads as u32, n as u32, 1),
-                128,
-                &[
-                    Arg::P(s.qkv.ptr),
-                    Arg::I(qkv_dim as i32),
-                    Arg::P(self.kv_k[g].ptr),
-                    Arg::P(self.kv_v[g].ptr),
-                    Arg::I(d.n_heads as i32),
-                    Arg::I(d.n_kv_heads as i32),
-                    Arg::I(d.head_dim as i32),
-                    Arg::P(self.meta_ptr(ml.positions)),
-                    Arg::P(self.meta_ptr(ml.ends)),
-                    Arg::P(self.meta_ptr(ml.rowidx)),
-                    Arg::P(tables),
-                    Arg::I(ml.tstride as i32),
-                    Arg::I(self.layout.block_size as i32),
-                    Arg::I(nlg as i32),
-                    Arg::I(lig as i32),
-                    Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
-                    Arg::F(d.attn_scale),
-                    Arg::F(d.attn_softcap.unwrap_or(0.0)),
-                    Arg::P(s.att.ptr),
-                    Arg::I(qd as i32),
-                ],
-            )?;
+            let group = d.n_heads / d.n_kv_heads;
+            if n >= self.att_gqa_min
+                && self.row_seqs.len() == 1
+                && d.head_dim <= 128
+                && group <= 32
+                && 32 % group == 0
+            {
+                let tq = 32 / group;
+                self.gpu.launch(
+                    self.k.attention_tile,
+                    (d.n_kv_heads as u32, n.div_ceil(tq) as u32, 1),
+                    128,
+                    &[
+                        Arg::P(s.qkv.ptr),
+                        Arg::I(qkv_dim as i32),
+                        Arg::P(self.kv_k[g].ptr),
+                        Arg::P(self.kv_v[g].ptr),
+                        Arg::I(n as i32),
+                        Arg::I(d.n_kv_heads as i32),
+                        Arg::I(d.head_dim as i32),
+                        Arg::I(group as i32),
+                        Arg::P(self.meta_ptr(ml.positions)),
+                        Arg::P(self.meta_ptr(ml.ends)),
+                        Arg::P(self.meta_ptr(ml.rowidx)),
+                        Arg::P(tables),
+                        Arg::I(ml.tstride as i32),
+                        Arg::I(self.layout.block_size as i32),
+                        Arg::I(nlg as i32),
+                        Arg::I(lig as i32),
+                        Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
+                        Arg::F(d.attn_scale),
+                        Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                        Arg::P(s.att.ptr),
+                        Arg::I(qd as i32),
+                    ],
+                )?;
+            } else {
+                let (att_f, att_heads) = match gqa {
+                    Some(i) => (self.k.attention_gqa[i], d.n_kv_heads),
+                    None => (self.k.attention, d.n_heads),
+                };
+                self.gpu.launch(
+                    att_f,
+                    (att_heads as u32, n as u32, 1),
+                    128,
+                    &[
+                        Arg::P(s.qkv.ptr),
+                        Arg::I(qkv_dim as i32),
+                        Arg::P(self.kv_k[g].ptr),
+                        Arg::P(self.kv_v[g].ptr),
+                        Arg::I(d.n_heads as i32),
+                        Arg::I(d.n_kv_heads as i32),
+                        Arg::I(d.head_dim as i32),
+                        Arg::P(self.meta_ptr(ml.positions)),
+                        Arg::P(self.meta_ptr(ml.ends)),
+                        Arg::P(self.meta_ptr(ml.rowidx)),
+                        Arg::P(tables),
+                        Arg::I(ml.tstride as i32),
+                        Arg::I(self.layout.block_size as i32),
+                        Arg::I(nlg as i32),
+                        Arg::I(lig as i32),
+                        Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
+                        Arg::F(d.attn_scale),
+                        Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                        Arg::P(s.att.ptr),
+                        Arg::I(qd as i32),
+                    ],
+                )?;
+            }
             self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid)?;
             self.add_norm(
                 n,
