@@ -60,9 +60,78 @@ pub struct Args {
     /// CPU kernels (default: fast; the scalar reference for comparison).
     #[arg(long, value_enum, default_value_t = KernelArg::Fast)]
     pub kernels: KernelArg,
+    /// Also measure read bandwidth (MiB of buffer, per thread count) and
+    /// report each generation test's fraction of the bandwidth floor.
+    #[arg(long = "floor", num_args = 0..=1, default_missing_value = "512")]
+    pub floor: Option<usize>,
+}
+
+/// Bytes one decode step reads: every matrix, except that the embedding
+/// is read one row per token unless it doubles as the output matrix.
+fn bytes_per_token(m: &Model) -> u64 {
+    let tied = m.tensor("output.weight").is_none();
+    let mut total = 0u64;
+    for t in m.tensors() {
+        if t.name == "token_embd.weight" && !tied {
+            let rows = t.logical_shape().first().copied().unwrap_or(1).max(1);
+            total += t.n_bytes / rows;
+        } else {
+            total += t.n_bytes;
+        }
+    }
+    total
+}
+
+#[inline(always)]
+fn prefetch(p: *const u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Best read bandwidth (bytes/s) of `threads` threads summing their share
+/// of a `mib` MiB buffer, over five passes.
+fn read_bandwidth(threads: usize, mib: usize) -> f64 {
+    let n = (mib.max(64) << 20) / 8;
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let per = n.div_ceil(threads.max(1));
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s: u64 = std::thread::scope(|sc| {
+            let hs: Vec<_> = buf
+                .chunks(per)
+                .map(|c| {
+                    sc.spawn(move || {
+                        let mut acc = [0u64; 8];
+                        for (i, v) in c.chunks_exact(8).enumerate() {
+                            // Prefetch 4 KiB ahead, as the kernels do.
+                            prefetch(c.as_ptr().wrapping_add(i * 8 + 512));
+                            for j in 0..8 {
+                                acc[j] = acc[j].wrapping_add(v[j]);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(s);
+        best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
 }
 
 struct Record {
+    /// Read bandwidth measured for this thread count (bytes/s), with --floor.
+    bandwidth: Option<f64>,
     threads: usize,
     n_prompt: usize,
     n_gen: usize,
@@ -78,6 +147,30 @@ fn mean_sd(s: &[f64]) -> (f64, f64) {
         0.0
     };
     (mean, var.sqrt())
+}
+
+/// llama.cpp's names of GGUF `general.file_type` values.
+fn ftype_name(t: i64) -> Option<&'static str> {
+    Some(match t {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
 }
 
 /// llama-bench's "model type": architecture, parameter count, and the
@@ -100,12 +193,23 @@ fn describe(m: &Model) -> (String, u64, u64) {
         }
     }
     by_type.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    let ftype = m
+        .gguf
+        .as_ref()
+        .and_then(|g| g.get("general.file_type"))
+        .and_then(|v| v.as_int())
+        .and_then(|t| ftype_name(t as i64));
     // The largest is often the (Q8_0/Q6_K) embedding; name the layers' type.
-    let ty = by_type
-        .iter()
-        .find(|(n, _)| n != "Q8_0" && n != "Q6_K" && n != "F32")
-        .or(by_type.first())
-        .map_or("?".to_string(), |(n, _)| n.clone());
+    let ty = ftype
+        .map(str::to_string)
+        .or_else(|| {
+            by_type
+                .iter()
+                .find(|(n, _)| n != "Q8_0" && n != "Q6_K" && n != "F32")
+                .or(by_type.first())
+                .map(|(n, _)| n.clone())
+        })
+        .unwrap_or_else(|| "?".to_string());
     let p = params as f64;
     let size = if p >= 1e9 {
         format!("{:.1}B", p / 1e9)
@@ -141,8 +245,10 @@ pub fn run(a: Args) -> CliResult {
     let tokens: Vec<u32> = (0..max_p.max(2) as u64)
         .map(|i| ((i * 7919 + 13) % vocab as u64) as u32)
         .collect();
+    let per_token = bytes_per_token(&model);
     let mut records = Vec::new();
     for &nt in &threads {
+        let bandwidth = a.floor.map(|mib| read_bandwidth(nt, mib));
         let layout = KvLayout::plan(&desc, ctx, 1, 16, max_p);
         let mut backend = CpuBackend::new(
             Arc::clone(&model),
@@ -165,6 +271,7 @@ pub fn run(a: Args) -> CliResult {
                 }
             }
             records.push(Record {
+                bandwidth,
                 threads: nt,
                 n_prompt: p,
                 n_gen: 0,
@@ -187,6 +294,7 @@ pub fn run(a: Args) -> CliResult {
                 }
             }
             records.push(Record {
+                bandwidth,
                 threads: nt,
                 n_prompt: 0,
                 n_gen: n,
@@ -205,7 +313,7 @@ pub fn run(a: Args) -> CliResult {
                 .iter()
                 .map(|r| {
                     let (avg, sd) = mean_sd(&r.samples);
-                    serde_json::json!({
+                    let mut v = serde_json::json!({
                         "model_filename": filename,
                         "model_type": model_type,
                         "model_size": size,
@@ -217,7 +325,14 @@ pub fn run(a: Args) -> CliResult {
                         "stddev_ts": sd,
                         "samples_ts": r.samples,
                         "backend": backend,
-                    })
+                        "bytes_per_token": per_token,
+                    });
+                    if let (Some(bw), true) = (r.bandwidth, r.n_gen > 0) {
+                        v["read_bandwidth_gbs"] = serde_json::json!(bw / 1e9);
+                        v["floor_ts"] = serde_json::json!(bw / per_token as f64);
+                        v["floor_fraction"] = serde_json::json!(avg * per_token as f64 / bw);
+                    }
+                    v
                 })
                 .collect();
             crate::write_stdout(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
@@ -243,6 +358,20 @@ pub fn run(a: Args) -> CliResult {
                     test,
                     format!("{avg:.2} ± {sd:.2}"),
                 ));
+            }
+            for r in records.iter().filter(|r| r.n_gen > 0) {
+                if let Some(bw) = r.bandwidth {
+                    let (avg, _) = mean_sd(&r.samples);
+                    let floor = bw / per_token as f64;
+                    out.push_str(&format!(
+                        "\nfloor, {} threads: {:.1} MiB read per token at {:.1} GB/s = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
+                        r.threads,
+                        per_token as f64 / (1 << 20) as f64,
+                        bw / 1e9,
+                        r.n_gen,
+                        100.0 * avg / floor,
+                    ));
+                }
             }
             crate::write_stdout(&out)?;
         }

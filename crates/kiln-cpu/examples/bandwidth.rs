@@ -9,7 +9,16 @@ use std::time::Instant;
 fn sum(chunk: &[u64]) -> u64 {
     // Eight independent lanes so the loop is bound by loads, not adds.
     let mut acc = [0u64; 8];
-    for c in chunk.chunks_exact(8) {
+    for (i, c) in chunk.chunks_exact(8).enumerate() {
+        // Prefetch 4 KiB ahead, as the kernels do (the VM's hardware
+        // prefetch alone reaches much less).
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetch never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                chunk.as_ptr().wrapping_add(i * 8 + 512) as *const i8,
+            )
+        };
         for j in 0..8 {
             acc[j] = acc[j].wrapping_add(c[j]);
         }
