@@ -348,30 +348,37 @@ ATT_GQA(8)
 // chunks of 32 keys staged in shared memory (K, then V in the same buffer),
 // so each K/V element is read once per tile instead of once per token.
 // Row r is handled by warp r % 4; in the score phase lane j takes key j, in
-// the value phase lane l takes dimensions l, l + 32, ... (hd <= 128).
+// the value phase lane l takes dimensions l, l + 32, ... (hd <= 128,
+// hd % 4 == 0).
 // grid: (n_kv, ceil(n / (32 / G))); block: 128.
 #define AT_ROWS 32
 #define AT_KC 32
 #define AT_HD 128
+#define AT_KS (AT_HD + 4)
 #define AT_RPW (AT_ROWS / 4)
 extern "C" __global__ void attention_tile(const float* q, int qstride, const float* kc, const float* vc,
                                           int n, int n_kv, int hd, int G, const u32* positions,
                                           const u32* ends, const u32* rowidx, const u32* tables,
                                           int tstride, int bs, int nlg, int lig, int window,
                                           float scale, float softcap, float* out, int ostride) {
-    __shared__ float qs[AT_ROWS][AT_HD];
-    __shared__ float kvs[AT_KC][AT_HD + 1];
+    // q rows at stride AT_HD; K/V rows at stride AT_KS (16-byte aligned, and
+    // lanes reading float4s of different rows hit different banks).
+    __shared__ float4 qs4[AT_ROWS * AT_HD / 4];
+    __shared__ float4 kvs4[AT_KC * AT_KS / 4];
     __shared__ int s_lo, s_hi;
+    float* qs = (float*)qs4;
+    float* kvs = (float*)kvs4;
     int kh = blockIdx.x;
     int tq = AT_ROWS / G;
     int t0 = blockIdx.y * tq;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kvd = n_kv * hd;
+    int hd4 = hd >> 2;
     const u32* table = tables + (u64)rowidx[t0] * tstride;
     for (int idx = threadIdx.x; idx < AT_ROWS * hd; idx += blockDim.x) {
         int r = idx / hd, d = idx % hd;
         int t = t0 + r / G;
-        qs[r][d] = t < n ? q[(u64)t * qstride + (kh * G + r % G) * hd + d] : 0.0f;
+        qs[r * AT_HD + d] = t < n ? q[(u64)t * qstride + (kh * G + r % G) * hd + d] : 0.0f;
     }
     if (threadIdx.x == 0) {
         int lo = 0x7fffffff, hi = 0;
@@ -415,30 +422,41 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
                 u32 blk = table[p / bs];
                 v = kc[(((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd + d];
             }
-            kvs[j][d] = v;
+            kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
+        // Scores: lane j takes key c0 + j for all of the warp's rows (one K
+        // float4 serves AT_RPW rows; q float4s are broadcasts).
+        float sc[AT_RPW];
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) sc[k] = 0.0f;
+        const float4* kr = kvs4 + lane * (AT_KS / 4);
+        for (int d4 = 0; d4 < hd4; d4++) {
+            float4 kv = kr[d4];
+#pragma unroll
+            for (int k = 0; k < AT_RPW; k++) {
+                float4 qq = qs4[(warp + 4 * k) * (AT_HD / 4) + d4];
+                sc[k] += qq.x * kv.x + qq.y * kv.y + qq.z * kv.z + qq.w * kv.w;
+            }
+        }
         float pr[AT_RPW];
         float corr[AT_RPW];
+        int p = c0 + lane;
 #pragma unroll
         for (int k = 0; k < AT_RPW; k++) {
-            int r = warp + 4 * k;
-            int p = c0 + lane;
             bool ok = p >= rst[k] && p < ren[k];
-            float sc = -INFINITY;
+            float s = -INFINITY;
             if (ok) {
-                float a = 0.0f;
-                for (int d = 0; d < hd; d++) a += qs[r][d] * kvs[lane][d];
-                sc = a * scale;
-                if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
+                s = sc[k] * scale;
+                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
             }
-            float mx = warp_max(sc);
+            float mx = warp_max(s);
             float mn = fmaxf(m[k], mx);
             if (mn == -INFINITY) {
                 pr[k] = 0.0f;
                 corr[k] = 1.0f;
             } else {
-                pr[k] = ok ? __expf(sc - mn) : 0.0f;
+                pr[k] = ok ? __expf(s - mn) : 0.0f;
                 corr[k] = __expf(m[k] - mn);
                 l[k] = l[k] * corr[k] + warp_sum(pr[k]);
                 m[k] = mn;
@@ -448,30 +466,33 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
         // V chunk, into the same buffer.
         for (int idx = threadIdx.x; idx < AT_KC * hd; idx += blockDim.x) {
             int j = idx / hd, d = idx % hd;
-            int p = c0 + j;
+            int pp = c0 + j;
             float v = 0.0f;
-            if (p < hi) {
-                u32 blk = table[p / bs];
-                v = vc[(((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd + d];
+            if (pp < hi) {
+                u32 blk = table[pp / bs];
+                v = vc[(((u64)blk * nlg + lig) * bs + pp % bs) * kvd + (u64)kh * hd + d];
             }
-            kvs[j][d] = v;
+            kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < AT_RPW; k++) {
-            float a[AT_HD / 32];
 #pragma unroll
-            for (int i = 0; i < AT_HD / 32; i++) a[i] = acc[k][i] * corr[k];
-            for (int j = 0; j < AT_KC; j++) {
-                float pj = __shfl_sync(0xffffffffu, pr[k], j);
+            for (int i = 0; i < AT_HD / 32; i++) acc[k][i] *= corr[k];
+        }
+        for (int j = 0; j < AT_KC; j++) {
+            float v[AT_HD / 32];
 #pragma unroll
-                for (int i = 0; i < AT_HD / 32; i++) {
-                    int d = lane + 32 * i;
-                    if (d < hd) a[i] += pj * kvs[j][d];
-                }
+            for (int i = 0; i < AT_HD / 32; i++) {
+                int d = lane + 32 * i;
+                v[i] = d < hd ? kvs[j * AT_KS + d] : 0.0f;
             }
 #pragma unroll
-            for (int i = 0; i < AT_HD / 32; i++) acc[k][i] = a[i];
+            for (int k = 0; k < AT_RPW; k++) {
+                float pj = __shfl_sync(0xffffffffu, pr[k], j);
+#pragma unroll
+                for (int i = 0; i < AT_HD / 32; i++) acc[k][i] += pj * v[i];
+            }
         }
         __syncthreads();
     }

@@ -1488,6 +1488,7 @@ impl CudaBackend {
             if n >= self.att_gqa_min
                 && self.row_seqs.len() == 1
                 && d.head_dim <= 128
+                && d.head_dim & 3 == 0
                 && group <= 32
                 && 32 % group == 0
             {
