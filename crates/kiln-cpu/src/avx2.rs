@@ -196,6 +196,74 @@ macro_rules! legacy_dot {
     };
 }
 
+/// The 4-token form of a `legacy_dot` kernel: the four tokens' scales and
+/// sums of a block are one vector (`QAct::group4`). The arithmetic per
+/// token is the same as the T-generic kernel's, so results are identical.
+macro_rules! legacy_dot4 {
+    ($name:ident, $bytes:expr, |$blk:ident| $unpack:block, $has_min:expr, $off:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn $name(
+            w: *const u8,
+            nb: usize,
+            x: &[XRef; 4],
+            (d4, sx4): (*const f32, *const f32),
+        ) -> [f32; 4] {
+            let mut acc0 = [_mm256_setzero_ps(); 4];
+            let mut acc1 = [_mm256_setzero_ps(); 4];
+            let mut corr0 = _mm_setzero_ps();
+            let mut corr1 = _mm_setzero_ps();
+            #[inline(always)]
+            unsafe fn step(
+                w: *const u8,
+                b: usize,
+                x: &[XRef; 4],
+                d4: *const f32,
+                sx4: *const f32,
+                acc: &mut [__m256; 4],
+                corr: &mut __m128,
+            ) {
+                let $blk = w.add(b * $bytes);
+                _mm_prefetch::<_MM_HINT_T0>($blk.wrapping_add(PREFETCH) as *const i8);
+                let (q, d, m): (__m256i, f32, f32) = $unpack;
+                let cm = if $has_min { m } else { d };
+                let s4 = _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(d4.add(4 * b)));
+                let s = [
+                    _mm256_broadcastss_ps(s4),
+                    _mm256_broadcastss_ps(_mm_movehdup_ps(s4)),
+                    _mm256_broadcastss_ps(_mm_movehl_ps(s4, s4)),
+                    _mm256_broadcastss_ps(_mm_shuffle_ps::<0xff>(s4, s4)),
+                ];
+                *corr = _mm_add_ps(
+                    *corr,
+                    _mm_mul_ps(_mm_set1_ps(cm), _mm_loadu_ps(sx4.add(4 * b))),
+                );
+                for t in 0..4 {
+                    let xv = ld(x[t].qs.add(32 * b));
+                    acc[t] = _mm256_fmadd_ps(mul_sum(q, xv), s[t], acc[t]);
+                }
+            }
+            let mut b = 0;
+            while b + 2 <= nb {
+                step(w, b, x, d4, sx4, &mut acc0, &mut corr0);
+                step(w, b + 1, x, d4, sx4, &mut acc1, &mut corr1);
+                b += 2;
+            }
+            if b < nb {
+                step(w, b, x, d4, sx4, &mut acc0, &mut corr0);
+            }
+            let mut c = [0.0f32; 4];
+            _mm_storeu_ps(c.as_mut_ptr(), _mm_add_ps(corr0, corr1));
+            let mut out = [0.0f32; 4];
+            for t in 0..4 {
+                let a = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+                out[t] = if $has_min { a + c[t] } else { a - $off * c[t] };
+            }
+            out
+        }
+    };
+}
+
 legacy_dot!(
     dot_q4_0,
     18,
@@ -203,8 +271,22 @@ legacy_dot!(
     false,
     8.0
 );
+legacy_dot4!(
+    dot_q4_0_4,
+    18,
+    |blk| { (nibbles32(blk.add(2)), f16(blk), 0.0) },
+    false,
+    8.0
+);
 legacy_dot!(
     dot_q4_1,
+    20,
+    |blk| { (nibbles32(blk.add(4)), f16(blk), f16(blk.add(2))) },
+    true,
+    0.0
+);
+legacy_dot4!(
+    dot_q4_1_4,
     20,
     |blk| { (nibbles32(blk.add(4)), f16(blk), f16(blk.add(2))) },
     true,
@@ -223,8 +305,34 @@ legacy_dot!(
     false,
     16.0
 );
+legacy_dot4!(
+    dot_q5_0_4,
+    22,
+    |blk| {
+        (
+            _mm256_or_si256(nibbles32(blk.add(6)), bits_to_0x10(rd_u32(blk.add(2)))),
+            f16(blk),
+            0.0,
+        )
+    },
+    false,
+    16.0
+);
 legacy_dot!(
     dot_q5_1,
+    24,
+    |blk| {
+        (
+            _mm256_or_si256(nibbles32(blk.add(8)), bits_to_0x10(rd_u32(blk.add(4)))),
+            f16(blk),
+            f16(blk.add(2)),
+        )
+    },
+    true,
+    0.0
+);
+legacy_dot4!(
+    dot_q5_1_4,
     24,
     |blk| {
         (
@@ -562,6 +670,21 @@ unsafe fn dot_q5_k<const T: usize>(w: *const u8, nb: usize, x: &[XRef; T]) -> [f
 
 macro_rules! q_driver {
     ($name:ident, $dot:ident) => {
+        q_driver!($name, $dot, |w, nb, x, t| $dot::<4>(
+            w,
+            nb,
+            &[x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3)]
+        ));
+    };
+    ($name:ident, $dot:ident, $dot4:ident) => {
+        q_driver!($name, $dot, |w, nb, x, t| $dot4(
+            w,
+            nb,
+            &[x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3)],
+            x.group4(t)
+        ));
+    };
+    ($name:ident, $dot:ident, |$w:ident, $nb:ident, $x:ident, $t:ident| $four:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(crate) unsafe fn $name(j: &QJob<'_>) {
             let x = j.x;
@@ -571,11 +694,10 @@ macro_rules! q_driver {
                 let y = j.y.add(r);
                 let mut t = 0;
                 while t + 4 <= j.n {
-                    let o = $dot::<4>(
-                        w,
-                        j.nb,
-                        &[x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3)],
-                    );
+                    let o = {
+                        let ($w, $nb, $x, $t) = (w, j.nb, x, t);
+                        $four
+                    };
                     for (k, v) in o.iter().enumerate() {
                         *y.add((t + k) * j.ystride) = v + b;
                     }
@@ -605,10 +727,10 @@ macro_rules! q_driver {
     };
 }
 
-q_driver!(rows_q4_0, dot_q4_0);
-q_driver!(rows_q4_1, dot_q4_1);
-q_driver!(rows_q5_0, dot_q5_0);
-q_driver!(rows_q5_1, dot_q5_1);
+q_driver!(rows_q4_0, dot_q4_0, dot_q4_0_4);
+q_driver!(rows_q4_1, dot_q4_1, dot_q4_1_4);
+q_driver!(rows_q5_0, dot_q5_0, dot_q5_0_4);
+q_driver!(rows_q5_1, dot_q5_1, dot_q5_1_4);
 q_driver!(rows_q8_0, dot_q8_0);
 q_driver!(rows_q2_k, dot_q2_k);
 q_driver!(rows_q3_k, dot_q3_k);

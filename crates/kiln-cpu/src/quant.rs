@@ -13,6 +13,11 @@ pub(crate) struct QAct {
     pub d: Vec<f32>,
     pub sx: Vec<f32>,
     pub s16: Vec<i16>,
+    /// `d` and `sx` again for each full group of 4 tokens, transposed:
+    /// `[group][block][token in group]` (the 4-token kernels load a block's
+    /// four scales as one vector).
+    pub d4: Vec<f32>,
+    pub sx4: Vec<f32>,
     /// Columns of the rows currently held (a multiple of 32).
     pub cols: usize,
     pub n: usize,
@@ -36,6 +41,8 @@ impl QAct {
             d: vec![0.0; t * c / 32],
             sx: vec![0.0; t * c / 32],
             s16: vec![0; t * c / 16],
+            d4: vec![0.0; t * c / 32],
+            sx4: vec![0.0; t * c / 32],
             cols: 0,
             n: 0,
         }
@@ -57,9 +64,29 @@ impl QAct {
         if crate::simd::has_avx2() {
             // SAFETY: the CPU has AVX2+FMA+F16C (checked at run time).
             unsafe { quantize_avx2(self, &x[..nb * 32], nb) };
-            return;
+        } else {
+            quantize_blocks(self, &x[..nb * 32], nb);
         }
+        #[cfg(not(target_arch = "x86_64"))]
         quantize_blocks(self, &x[..nb * 32], nb);
+        let bpr = cols / 32;
+        for g in 0..n / 4 {
+            for b in 0..bpr {
+                for k in 0..4 {
+                    let src = (4 * g + k) * bpr + b;
+                    let dst = (g * bpr + b) * 4 + k;
+                    self.d4[dst] = self.d[src];
+                    self.sx4[dst] = self.sx[src];
+                }
+            }
+        }
+    }
+
+    /// The transposed scales of the 4-token group starting at token `t`.
+    #[inline(always)]
+    pub fn group4(&self, t: usize) -> (*const f32, *const f32) {
+        let at = t * self.cols / 32;
+        (self.d4[at..].as_ptr(), self.sx4[at..].as_ptr())
     }
 
     #[inline(always)]
