@@ -5,8 +5,10 @@ mod chat;
 mod default_model;
 mod engine_args;
 mod inspect;
+mod quantize;
 mod run;
 mod serve;
+mod synth;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -24,14 +26,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Quantize a GGUF file or HF folder to a GGUF file (like llama-quantize).
+    Quantize(quantize::Args),
+    /// Write a random-weight model of a named shape (HF folder and GGUFs).
+    Synth(synth::Args),
     /// Describe a model file or folder: format, architecture, config, tokenizer, tensors.
     Inspect(inspect::Args),
     /// Tokenize text (or render a chat) with a model's tokenizer.
     Tokenize(tokenize::Args),
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(run::Args),
-    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
-    Serve(serve::Args),
     /// Chat interactively; earlier turns stay in the KV cache.
     Chat(chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
@@ -56,10 +60,11 @@ pub fn write_stdout(text: &str) -> std::io::Result<()> {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Quantize(a) => quantize::run(a),
+        Command::Synth(a) => synth::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
-        Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
     };

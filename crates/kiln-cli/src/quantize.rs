@@ -1,0 +1,374 @@
+//! `kiln quantize IN OUT TYPE`: a GGUF file or HF folder in, a GGUF file out
+//! with every 2-D weight in TYPE (like llama-quantize).
+//!
+//! 1-D tensors (norms, biases, `rope_freqs`) stay F32. A weight whose rows are
+//! not a whole number of TYPE blocks falls back to F16 (said on stderr). GGUF
+//! input keeps its metadata (tokenizer included); HF input gets llama.cpp-style
+//! metadata from its `ModelConfig`, and for `llama` the Q/K row permutation and
+//! the Llama 3 `rope_freqs` tensor llama.cpp's converter writes.
+
+use std::path::PathBuf;
+
+use kiln_format::dequant::dequantize_to_vec;
+use kiln_format::gguf::{GgufWriter, Value};
+use kiln_format::quantize::{is_supported, quantize_par, SUPPORTED};
+use kiln_format::{Arch, Format, GgmlType, Model, ModelConfig, NormKind, RopeScaling, TensorType};
+
+use crate::CliResult;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Input: a GGUF file or a Hugging Face model folder.
+    pub input: PathBuf,
+    /// Output GGUF file.
+    pub output: PathBuf,
+    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1.
+    pub ty: String,
+    /// Threads for quantization (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let ty = parse_type(&a.ty)?;
+    let model = Model::open(&a.input)?;
+    let threads = a.threads.unwrap_or_else(default_threads);
+    let (w, notes) = convert(&model, ty, threads)?;
+    for n in &notes {
+        eprintln!("{n}");
+    }
+    w.write_file(&a.output)?;
+    eprintln!(
+        "wrote {} ({} {}, {} tensors)",
+        a.output.display(),
+        model.config.arch.name(),
+        ty,
+        model.tensors().len()
+    );
+    Ok(())
+}
+
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+pub fn parse_type(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(&s.to_ascii_uppercase())
+        .filter(|t| is_supported(*t))
+        .ok_or_else(|| {
+            let names: Vec<String> = SUPPORTED
+                .iter()
+                .map(|t| t.name().to_ascii_lowercase())
+                .collect();
+            format!(
+                "unknown or unsupported type '{s}' (supported: {})",
+                names.join(", ")
+            )
+        })
+}
+
+/// llama.cpp's `general.file_type` (`enum llama_ftype`) for a target type.
+pub fn file_type(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q4_0 => 2,
+        GgmlType::Q4_1 => 3,
+        GgmlType::Q8_0 => 7,
+        GgmlType::Q5_0 => 8,
+        GgmlType::Q5_1 => 9,
+        GgmlType::BF16 => 32,
+        _ => 0,
+    }
+}
+
+/// Builds the output GGUF; returns it with notes for the user (fallbacks).
+pub fn convert(
+    model: &Model,
+    ty: GgmlType,
+    threads: usize,
+) -> Result<(GgufWriter, Vec<String>), Box<dyn std::error::Error>> {
+    let mut w = GgufWriter::new();
+    let mut notes = Vec::new();
+    let cfg = &model.config;
+    match (&model.format, &model.gguf) {
+        (Format::Gguf, Some(g)) => {
+            for (k, v) in g.metadata() {
+                if k != "general.file_type" && k != "general.quantization_version" {
+                    w.set(k.clone(), v.clone());
+                }
+            }
+        }
+        _ => hf_metadata(&mut w, cfg),
+    }
+    w.set("general.quantization_version", Value::U32(2));
+    w.set("general.file_type", Value::U32(file_type(ty)));
+
+    let from_hf = model.format != Format::Gguf;
+    if from_hf && cfg.arch == Arch::Llama {
+        if let Some(f) = llama3_rope_freqs(cfg) {
+            let data: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
+            w.add_tensor("rope_freqs.weight", GgmlType::F32, &[f.len() as u64], data)?;
+        }
+    }
+    for t in model.tensors() {
+        let TensorType::Ggml(src_ty) = t.ty else {
+            return Err(format!("{}: tensor type {} cannot be converted", t.name, t.ty).into());
+        };
+        let mut shape = t.shape.clone();
+        let mut x =
+            dequantize_to_vec(src_ty, model.data(t)).map_err(|e| format!("{}: {e}", t.name))?;
+        if t.transposed && shape.len() == 2 {
+            x = transpose(&x, shape[0] as usize, shape[1] as usize);
+            shape.reverse();
+        }
+        if from_hf && cfg.arch == Arch::Llama && shape.len() == 2 {
+            let heads = if t.name.ends_with("attn_q.weight") {
+                Some(cfg.n_heads)
+            } else if t.name.ends_with("attn_k.weight") {
+                Some(cfg.n_kv_heads)
+            } else {
+                None
+            };
+            if let Some(h) = heads {
+                x = permute_qk(&x, h, shape[1] as usize);
+            }
+        }
+        let ne: Vec<u64> = shape.iter().rev().copied().collect();
+        let mut out_ty = if shape.len() >= 2 { ty } else { GgmlType::F32 };
+        if !ne[0].is_multiple_of(out_ty.block_size() as u64) {
+            notes.push(format!(
+                "{}: row length {} is not a multiple of the {out_ty} block size ({}); written as F16",
+                t.name,
+                ne[0],
+                out_ty.block_size()
+            ));
+            out_ty = GgmlType::F16;
+        }
+        let data = quantize_par(out_ty, &x, threads).map_err(|e| format!("{}: {e}", t.name))?;
+        w.add_tensor(t.name.clone(), out_ty, &ne, data)?;
+    }
+    Ok((w, notes))
+}
+
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = x[r * cols + c];
+        }
+    }
+    out
+}
+
+/// llama.cpp's `LlamaModel.permute`: within each head, rows
+/// `[2, half]` become `[half, 2]` (HF rotate-half order to interleaved pairs).
+pub fn permute_qk(x: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
+    let rows = x.len() / cols;
+    let hd = rows / n_heads;
+    let half = hd / 2;
+    let mut out = vec![0.0f32; x.len()];
+    for h in 0..n_heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let dst = h * hd + i * 2 + j;
+                let src = h * hd + j * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&x[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The Llama 3 rope factors as convert_hf_to_gguf.py computes them.
+fn llama3_rope_freqs(cfg: &ModelConfig) -> Option<Vec<f32>> {
+    let rope = cfg.rope.as_ref()?;
+    let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_context,
+    } = rope.scaling
+    else {
+        return None;
+    };
+    let dim = rope.dim;
+    let old = original_context as f64;
+    let low_wl = old / low_freq_factor;
+    let high_wl = old / high_freq_factor;
+    Some(
+        (0..dim / 2)
+            .map(|i| {
+                let freq = 1.0f32 / (rope.theta as f32).powf((2 * i) as f32 / dim as f32);
+                let wl = 2.0 * std::f64::consts::PI / freq as f64;
+                if wl < high_wl {
+                    1.0
+                } else if wl > low_wl {
+                    factor as f32
+                } else {
+                    let smooth =
+                        (old / wl - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+                }
+            })
+            .collect(),
+    )
+}
+
+/// llama.cpp-style metadata for a model that came from an HF folder.
+pub fn hf_metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
+    let a = cfg.arch.name();
+    let k = |s: &str| format!("{a}.{s}");
+    w.set("general.architecture", Value::String(a.into()));
+    w.set("general.type", Value::String("model".into()));
+    w.set(k("block_count"), Value::U32(cfg.n_layers as u32));
+    w.set(k("context_length"), Value::U32(cfg.context_length as u32));
+    w.set(k("embedding_length"), Value::U32(cfg.hidden_size as u32));
+    w.set(
+        k("feed_forward_length"),
+        Value::U32(cfg.intermediate_size as u32),
+    );
+    w.set(k("attention.head_count"), Value::U32(cfg.n_heads as u32));
+    w.set(
+        k("attention.head_count_kv"),
+        Value::U32(cfg.n_kv_heads as u32),
+    );
+    let eps_key = match cfg.norm {
+        NormKind::Rms => "attention.layer_norm_rms_epsilon",
+        NormKind::Layer => "attention.layer_norm_epsilon",
+    };
+    w.set(k(eps_key), Value::F32(cfg.norm_eps as f32));
+    w.set(k("attention.key_length"), Value::U32(cfg.head_dim as u32));
+    w.set(k("attention.value_length"), Value::U32(cfg.head_dim as u32));
+    w.set(k("vocab_size"), Value::U32(cfg.vocab_size as u32));
+    if let Some(r) = &cfg.rope {
+        w.set(k("rope.freq_base"), Value::F32(r.theta as f32));
+        w.set(k("rope.dimension_count"), Value::U32(r.dim as u32));
+        match r.scaling {
+            RopeScaling::Linear { factor } => {
+                w.set(k("rope.scaling.type"), Value::String("linear".into()));
+                w.set(k("rope.scaling.factor"), Value::F32(factor as f32));
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+                beta_fast,
+                beta_slow,
+            } => {
+                w.set(k("rope.scaling.type"), Value::String("yarn".into()));
+                w.set(k("rope.scaling.factor"), Value::F32(factor as f32));
+                w.set(
+                    k("rope.scaling.original_context_length"),
+                    Value::U32(original_context as u32),
+                );
+                w.set(
+                    k("rope.scaling.yarn_beta_fast"),
+                    Value::F32(beta_fast as f32),
+                );
+                w.set(
+                    k("rope.scaling.yarn_beta_slow"),
+                    Value::F32(beta_slow as f32),
+                );
+            }
+            _ => {}
+        }
+        if let Some(t) = r.theta_local {
+            w.set(k("rope.local.freq_base"), Value::F32(t as f32));
+        }
+    }
+    if let Some(sw) = cfg.sliding_window {
+        w.set(k("attention.sliding_window"), Value::U32(sw as u32));
+    }
+    if let Some(c) = cfg.attn_logit_softcap {
+        w.set(k("attn_logit_softcapping"), Value::F32(c as f32));
+    }
+    if let Some(c) = cfg.final_logit_softcap {
+        w.set(k("final_logit_softcapping"), Value::F32(c as f32));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn fixture(p: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/fixtures/tiny/llama")
+            .join(p)
+    }
+
+    /// Converts `input` to Q8_0 and checks it against llama.cpp's own
+    /// `llama-q8_0.gguf`: same tensors, types and bytes (`rope_freqs`
+    /// within f32 rounding), same config, tokenizer metadata when given.
+    fn check_against_llamacpp_q8_0(input: &Path, tag: &str) {
+        let model = Model::open(input).unwrap();
+        let (w, notes) = convert(&model, GgmlType::Q8_0, 2).unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        let dir = std::env::temp_dir().join(format!("kiln-quant-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("q8_0.gguf");
+        w.write_file(&out).unwrap();
+        let got = Model::open(&out).unwrap();
+        let want = Model::open(fixture("gguf/llama-q8_0.gguf")).unwrap();
+        assert_eq!(got.config, want.config, "{tag}: config");
+        assert_eq!(got.tensors().len(), want.tensors().len(), "{tag}");
+        for t in want.tensors() {
+            let g = got
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{tag}: {} missing", t.name));
+            assert_eq!((g.ty, &g.shape), (t.ty, &t.shape), "{tag}: {}", t.name);
+            if t.name == "rope_freqs.weight" {
+                let a = dequantize_to_vec(GgmlType::F32, got.data(g)).unwrap();
+                let b = dequantize_to_vec(GgmlType::F32, want.data(t)).unwrap();
+                for (x, y) in a.iter().zip(&b) {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * y.abs(),
+                        "{tag}: rope_freqs {a:?} vs {b:?}"
+                    );
+                }
+            } else {
+                assert!(
+                    got.data(g) == want.data(t),
+                    "{tag}: {} bytes differ",
+                    t.name
+                );
+            }
+        }
+        let gg = got.gguf.as_ref().unwrap();
+        assert_eq!(gg.get_str("general.architecture"), Some("llama"));
+        assert_eq!(
+            gg.get("general.file_type").and_then(|v| v.as_int()),
+            Some(7)
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn gguf_f32_to_q8_0_equals_llamacpp() {
+        check_against_llamacpp_q8_0(&fixture("gguf/llama-f32.gguf"), "gguf");
+        // GGUF input keeps the tokenizer.
+        let model = Model::open(fixture("gguf/llama-f32.gguf")).unwrap();
+        let (w, _) = convert(&model, GgmlType::Q4_0, 1).unwrap();
+        let bytes = w.to_bytes();
+        let g = kiln_format::gguf::Gguf::from_bytes("<memory>", bytes).unwrap();
+        assert!(g.get("tokenizer.ggml.tokens").is_some());
+    }
+
+    #[test]
+    fn hf_to_q8_0_equals_llamacpp() {
+        check_against_llamacpp_q8_0(&fixture("hf"), "hf");
+    }
+
+    #[test]
+    fn permute_qk_matches_llamacpp_layout() {
+        // 1 head of dim 4, 1 column: rows [0,1,2,3] -> [0,2,1,3].
+        assert_eq!(permute_qk(&[0., 1., 2., 3.], 1, 1), vec![0., 2., 1., 3.]);
+    }
+
+    #[test]
+    fn parse_type_names() {
+        assert!(parse_type("Q8_0").is_ok());
+        assert!(parse_type("q2_k").is_err());
+    }
+}
