@@ -134,6 +134,12 @@ pub fn convert(
                 x = permute_qk(&x, h, shape[1] as usize);
             }
         }
+        // llama.cpp's converter stores Gemma's `(1 + w)` norms with the 1 added.
+        if from_hf && cfg.norm_weight_offset != 0.0 && t.name.ends_with("norm.weight") {
+            for v in x.iter_mut() {
+                *v += cfg.norm_weight_offset;
+            }
+        }
         let ne: Vec<u64> = shape.iter().rev().copied().collect();
         let mut out_ty = if shape.len() >= 2 { ty } else { GgmlType::F32 };
         if !ne[0].is_multiple_of(out_ty.block_size() as u64) {
@@ -273,11 +279,24 @@ pub fn hf_metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
             _ => {}
         }
         if let Some(t) = r.theta_local {
-            w.set(k("rope.local.freq_base"), Value::F32(t as f32));
+            w.set(k("rope.freq_base_swa"), Value::F32(t as f32));
         }
     }
     if let Some(sw) = cfg.sliding_window {
         w.set(k("attention.sliding_window"), Value::U32(sw as u32));
+        if cfg.arch == Arch::Gemma3 {
+            // An every-p-th-layer-is-global pattern as llama.cpp's integer
+            // key, anything else as one bool per layer.
+            let ls = &cfg.layer_sliding;
+            let p = ls.iter().position(|s| !s).map_or(0, |i| i + 1);
+            let regular = p > 0 && ls.iter().enumerate().all(|(i, &s)| s == ((i + 1) % p != 0));
+            let v = if regular {
+                Value::U32(p as u32)
+            } else {
+                Value::Array(kiln_format::gguf::Array::Bool(ls.clone()))
+            };
+            w.set(k("attention.sliding_window_pattern"), v);
+        }
     }
     if let Some(c) = cfg.attn_logit_softcap {
         w.set(k("attn_logit_softcapping"), Value::F32(c as f32));
@@ -293,8 +312,13 @@ mod tests {
     use std::path::Path;
 
     fn fixture(p: &str) -> PathBuf {
+        fixture_of("llama", p)
+    }
+
+    fn fixture_of(arch: &str, p: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/data/fixtures/tiny/llama")
+            .join("../../tests/data/fixtures/tiny")
+            .join(arch)
             .join(p)
     }
 
@@ -302,6 +326,10 @@ mod tests {
     /// `llama-q8_0.gguf`: same tensors, types and bytes (`rope_freqs`
     /// within f32 rounding), same config, tokenizer metadata when given.
     fn check_against_llamacpp_q8_0(input: &Path, tag: &str) {
+        check_against(input, &fixture("gguf/llama-q8_0.gguf"), tag)
+    }
+
+    fn check_against(input: &Path, reference: &Path, tag: &str) {
         let model = Model::open(input).unwrap();
         let (w, notes) = convert(&model, GgmlType::Q8_0, 2).unwrap();
         assert!(notes.is_empty(), "{notes:?}");
@@ -310,7 +338,7 @@ mod tests {
         let out = dir.join("q8_0.gguf");
         w.write_file(&out).unwrap();
         let got = Model::open(&out).unwrap();
-        let want = Model::open(fixture("gguf/llama-q8_0.gguf")).unwrap();
+        let want = Model::open(reference).unwrap();
         assert_eq!(got.config, want.config, "{tag}: config");
         assert_eq!(got.tensors().len(), want.tensors().len(), "{tag}");
         for t in want.tensors() {
@@ -336,7 +364,10 @@ mod tests {
             }
         }
         let gg = got.gguf.as_ref().unwrap();
-        assert_eq!(gg.get_str("general.architecture"), Some("llama"));
+        assert_eq!(
+            gg.get_str("general.architecture"),
+            Some(want.config.arch.name())
+        );
         assert_eq!(
             gg.get("general.file_type").and_then(|v| v.as_int()),
             Some(7)
@@ -358,6 +389,18 @@ mod tests {
     #[test]
     fn hf_to_q8_0_equals_llamacpp() {
         check_against_llamacpp_q8_0(&fixture("hf"), "hf");
+    }
+
+    /// The other tiny fixtures: GGUF f32 and HF folder in, Q8_0 out, equal
+    /// to llama.cpp's Q8_0 file.
+    #[test]
+    fn other_architectures_equal_llamacpp_q8_0() {
+        for arch in ["qwen2", "qwen3", "gemma3"] {
+            let reference = fixture_of(arch, &format!("gguf/{arch}-q8_0.gguf"));
+            let f32_in = fixture_of(arch, &format!("gguf/{arch}-f32.gguf"));
+            check_against(&f32_in, &reference, &format!("{arch}-gguf"));
+            check_against(&fixture_of(arch, "hf"), &reference, &format!("{arch}-hf"));
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape: tiny, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B.
+    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B.
     pub shape: String,
     /// Output folder: `hf/` and `model-<type>.gguf` are written inside.
     pub out_dir: PathBuf,
@@ -76,6 +76,18 @@ fn shape(name: &str) -> Option<Shape> {
         "tiny" => Shape {
             max_pos: 256,
             ..s(Kind::Llama, 512, 64, 2, 4, 2, 16, 128, false)
+        },
+        "tiny-qwen3" => Shape {
+            max_pos: 256,
+            theta: 1e6,
+            eps: 1e-6,
+            ..s(Kind::Qwen3, 512, 64, 2, 4, 2, 32, 128, true)
+        },
+        "tiny-gemma3" => Shape {
+            max_pos: 256,
+            theta: 1e6,
+            eps: 1e-6,
+            ..s(Kind::Gemma3, 512, 64, 7, 2, 1, 32, 128, true)
         },
         "llama-3.2-1b" => Shape {
             llama3_factor: Some(32.0),
@@ -394,7 +406,7 @@ fn tokenizer_json() -> serde_json::Value {
 pub fn run(a: Args) -> CliResult {
     let s = shape(&a.shape).ok_or_else(|| {
         format!(
-            "unknown shape '{}' (known: tiny, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B)",
+            "unknown shape '{}' (known: tiny, tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B)",
             a.shape
         )
     })?;
@@ -511,6 +523,38 @@ mod tests {
         .unwrap();
         assert_ne!(std::fs::read(dir.join("hf/model.safetensors")).unwrap(), st);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn tiny_qwen3_and_gemma3_agree_between_hf_and_gguf() {
+        for shape in ["tiny-qwen3", "tiny-gemma3"] {
+            let dir =
+                std::env::temp_dir().join(format!("kiln-synth-{shape}-{}", std::process::id()));
+            run(Args {
+                shape: shape.into(),
+                out_dir: dir.clone(),
+                types: "q8_0".into(),
+                seed: 1,
+                threads: Some(2),
+            })
+            .unwrap();
+            let hf = Model::open(dir.join("hf")).unwrap();
+            let g = Model::open(dir.join("model-q8_0.gguf")).unwrap();
+            let mut h = hf.config.clone();
+            h.norm_eps = h.norm_eps as f32 as f64;
+            // GGUF Gemma norms carry the +1 (checked below on the bytes).
+            h.norm_weight_offset = g.config.norm_weight_offset;
+            assert_eq!(h, g.config, "{shape}");
+            if shape == "tiny-gemma3" {
+                assert_eq!(hf.config.norm_weight_offset, 1.0);
+                assert!(hf.config.layer_sliding.iter().any(|s| !s));
+                let t = g.require("output_norm.weight").unwrap();
+                let v = kiln_format::dequant::dequantize_to_vec(GgmlType::F32, g.data(t)).unwrap();
+                let mean = v.iter().sum::<f32>() / v.len() as f32;
+                assert!((mean - 1.0).abs() < 0.05, "gemma norm mean {mean}");
+            }
+            std::fs::remove_dir_all(&dir).ok();
+        }
     }
 
     #[test]
