@@ -6,12 +6,16 @@
 //! input keeps its metadata (tokenizer included); HF input gets llama.cpp-style
 //! metadata from its `ModelConfig`, and for `llama` the Q/K row permutation and
 //! the Llama 3 `rope_freqs` tensor llama.cpp's converter writes.
+//!
+//! The output is streamed: one tensor is in memory at a time.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use kiln_format::dequant::dequantize_to_vec;
-use kiln_format::gguf::{GgufWriter, Value};
-use kiln_format::quantize::{is_supported, quantize_par, SUPPORTED};
+use kiln_format::dequant::{dequantize, dequantize_to_vec};
+use kiln_format::gguf::Value;
+use kiln_format::quantize::{
+    is_supported, quantize_par, GgufStreamWriter, PlannedTensor, SUPPORTED,
+};
 use kiln_format::{Arch, Format, GgmlType, Model, ModelConfig, NormKind, RopeScaling, TensorType};
 
 use crate::CliResult;
@@ -33,11 +37,11 @@ pub fn run(a: Args) -> CliResult {
     let ty = parse_type(&a.ty)?;
     let model = Model::open(&a.input)?;
     let threads = a.threads.unwrap_or_else(default_threads);
-    let (w, notes) = convert(&model, ty, threads)?;
-    for n in &notes {
+    let conv = plan(&model, ty)?;
+    for n in &conv.notes {
         eprintln!("{n}");
     }
-    w.write_file(&a.output)?;
+    conv.write(&a.output, threads)?;
     eprintln!(
         "wrote {} ({} {}, {} tensors)",
         a.output.display(),
@@ -82,64 +86,95 @@ pub fn file_type(ty: GgmlType) -> u32 {
     }
 }
 
-/// Builds the output GGUF; returns it with notes for the user (fallbacks).
-pub fn convert(
-    model: &Model,
-    ty: GgmlType,
-    threads: usize,
-) -> Result<(GgufWriter, Vec<String>), Box<dyn std::error::Error>> {
-    let mut w = GgufWriter::new();
+/// Metadata in insertion order; setting a key again replaces its value.
+#[derive(Default)]
+pub struct Meta(pub Vec<(String, Value)>);
+
+impl Meta {
+    pub fn set(&mut self, k: impl Into<String>, v: Value) {
+        let k = k.into();
+        match self.0.iter_mut().find(|(key, _)| *key == k) {
+            Some(slot) => slot.1 = v,
+            None => self.0.push((k, v)),
+        }
+    }
+}
+
+enum Src {
+    Values(Vec<f32>),
+    Tensor(usize),
+}
+
+struct Item {
+    plan: PlannedTensor,
+    src: Src,
+    /// Q/K rows to permute (number of heads), llama from HF only.
+    permute_heads: Option<usize>,
+    /// Added to every value (Gemma norms from HF).
+    add: f32,
+}
+
+/// What [`plan`] decided: metadata, every output tensor, notes for the user.
+pub struct Conversion<'a> {
+    model: &'a Model,
+    pub meta: Meta,
+    items: Vec<Item>,
+    pub notes: Vec<String>,
+}
+
+/// Plans the conversion of `model` to `ty` (no tensor data is touched).
+pub fn plan(model: &Model, ty: GgmlType) -> Result<Conversion<'_>, Box<dyn std::error::Error>> {
+    let mut meta = Meta::default();
     let mut notes = Vec::new();
     let cfg = &model.config;
     match (&model.format, &model.gguf) {
         (Format::Gguf, Some(g)) => {
             for (k, v) in g.metadata() {
                 if k != "general.file_type" && k != "general.quantization_version" {
-                    w.set(k.clone(), v.clone());
+                    meta.set(k.clone(), v.clone());
                 }
             }
         }
-        _ => hf_metadata(&mut w, cfg),
+        _ => hf_metadata(&mut meta, cfg),
     }
-    w.set("general.quantization_version", Value::U32(2));
-    w.set("general.file_type", Value::U32(file_type(ty)));
+    meta.set("general.quantization_version", Value::U32(2));
+    meta.set("general.file_type", Value::U32(file_type(ty)));
 
     let from_hf = model.format != Format::Gguf;
+    let mut items = Vec::new();
     if from_hf && cfg.arch == Arch::Llama {
         if let Some(f) = llama3_rope_freqs(cfg) {
-            let data: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
-            w.add_tensor("rope_freqs.weight", GgmlType::F32, &[f.len() as u64], data)?;
+            items.push(Item {
+                plan: PlannedTensor {
+                    name: "rope_freqs.weight".into(),
+                    ty: GgmlType::F32,
+                    ne: vec![f.len() as u64],
+                },
+                src: Src::Values(f),
+                permute_heads: None,
+                add: 0.0,
+            });
         }
     }
-    for t in model.tensors() {
-        let TensorType::Ggml(src_ty) = t.ty else {
+    for (i, t) in model.tensors().iter().enumerate() {
+        let TensorType::Ggml(_) = t.ty else {
             return Err(format!("{}: tensor type {} cannot be converted", t.name, t.ty).into());
         };
-        let mut shape = t.shape.clone();
-        let mut x =
-            dequantize_to_vec(src_ty, model.data(t)).map_err(|e| format!("{}: {e}", t.name))?;
-        if t.transposed && shape.len() == 2 {
-            x = transpose(&x, shape[0] as usize, shape[1] as usize);
-            shape.reverse();
-        }
+        let shape = t.logical_shape();
+        let mut permute_heads = None;
         if from_hf && cfg.arch == Arch::Llama && shape.len() == 2 {
-            let heads = if t.name.ends_with("attn_q.weight") {
-                Some(cfg.n_heads)
+            if t.name.ends_with("attn_q.weight") {
+                permute_heads = Some(cfg.n_heads);
             } else if t.name.ends_with("attn_k.weight") {
-                Some(cfg.n_kv_heads)
-            } else {
-                None
-            };
-            if let Some(h) = heads {
-                x = permute_qk(&x, h, shape[1] as usize);
+                permute_heads = Some(cfg.n_kv_heads);
             }
         }
         // llama.cpp's converter stores Gemma's `(1 + w)` norms with the 1 added.
-        if from_hf && cfg.norm_weight_offset != 0.0 && t.name.ends_with("norm.weight") {
-            for v in x.iter_mut() {
-                *v += cfg.norm_weight_offset;
-            }
-        }
+        let add = if from_hf && t.name.ends_with("norm.weight") {
+            cfg.norm_weight_offset
+        } else {
+            0.0
+        };
         let ne: Vec<u64> = shape.iter().rev().copied().collect();
         let mut out_ty = if shape.len() >= 2 { ty } else { GgmlType::F32 };
         if !ne[0].is_multiple_of(out_ty.block_size() as u64) {
@@ -151,10 +186,89 @@ pub fn convert(
             ));
             out_ty = GgmlType::F16;
         }
-        let data = quantize_par(out_ty, &x, threads).map_err(|e| format!("{}: {e}", t.name))?;
-        w.add_tensor(t.name.clone(), out_ty, &ne, data)?;
+        items.push(Item {
+            plan: PlannedTensor {
+                name: t.name.clone(),
+                ty: out_ty,
+                ne,
+            },
+            src: Src::Tensor(i),
+            permute_heads,
+            add,
+        });
     }
-    Ok((w, notes))
+    Ok(Conversion {
+        model,
+        meta,
+        items,
+        notes,
+    })
+}
+
+impl Conversion<'_> {
+    /// The f32 values of item `i`, in output layout.
+    fn values(&self, i: usize, threads: usize) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+        let it = &self.items[i];
+        let t = match &it.src {
+            Src::Values(v) => return Ok(v.clone()),
+            Src::Tensor(k) => &self.model.tensors()[*k],
+        };
+        let TensorType::Ggml(src_ty) = t.ty else {
+            unreachable!("checked by plan")
+        };
+        let mut x = dequantize_par(src_ty, self.model.data(t), threads)
+            .map_err(|e| format!("{}: {e}", t.name))?;
+        if t.transposed && t.shape.len() == 2 {
+            x = transpose(&x, t.shape[0] as usize, t.shape[1] as usize);
+        }
+        if let Some(h) = it.permute_heads {
+            x = permute_qk(&x, h, it.plan.ne[0] as usize);
+        }
+        if it.add != 0.0 {
+            x.iter_mut().for_each(|v| *v += it.add);
+        }
+        Ok(x)
+    }
+
+    /// Writes the GGUF, one tensor in memory at a time.
+    pub fn write(&self, path: &Path, threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+        let plan = self.items.iter().map(|i| i.plan.clone()).collect();
+        let mut w = GgufStreamWriter::create(path, &self.meta.0, plan)?;
+        for (i, it) in self.items.iter().enumerate() {
+            let x = self.values(i, threads)?;
+            let data = quantize_par(it.plan.ty, &x, threads)
+                .map_err(|e| format!("{}: {e}", it.plan.name))?;
+            drop(x);
+            w.write_tensor(&data)?;
+        }
+        w.finish()?;
+        Ok(())
+    }
+}
+
+/// [`dequantize_to_vec`] over `threads` threads in whole-block chunks.
+fn dequantize_par(
+    ty: GgmlType,
+    data: &[u8],
+    threads: usize,
+) -> Result<Vec<f32>, kiln_format::dequant::DequantError> {
+    let ts = ty.type_size();
+    let n_blocks = data.len() / ts;
+    if threads <= 1 || n_blocks < 4096 || !data.len().is_multiple_of(ts) {
+        return dequantize_to_vec(ty, data);
+    }
+    let mut out = vec![0.0f32; n_blocks * ty.block_size()];
+    let per = n_blocks.div_ceil(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = data
+            .chunks(per * ts)
+            .zip(out.chunks_mut(per * ty.block_size()))
+            .map(|(d, o)| s.spawn(move || dequantize(ty, d, o)))
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().expect("dequantize thread"))
+    })?;
+    Ok(out)
 }
 
 fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -222,7 +336,7 @@ fn llama3_rope_freqs(cfg: &ModelConfig) -> Option<Vec<f32>> {
 }
 
 /// llama.cpp-style metadata for a model that came from an HF folder.
-pub fn hf_metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
+pub fn hf_metadata(w: &mut Meta, cfg: &ModelConfig) {
     let a = cfg.arch.name();
     let k = |s: &str| format!("{a}.{s}");
     w.set("general.architecture", Value::String(a.into()));
@@ -309,7 +423,6 @@ pub fn hf_metadata(w: &mut GgufWriter, cfg: &ModelConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     fn fixture(p: &str) -> PathBuf {
         fixture_of("llama", p)
@@ -331,12 +444,12 @@ mod tests {
 
     fn check_against(input: &Path, reference: &Path, tag: &str) {
         let model = Model::open(input).unwrap();
-        let (w, notes) = convert(&model, GgmlType::Q8_0, 2).unwrap();
-        assert!(notes.is_empty(), "{notes:?}");
+        let conv = plan(&model, GgmlType::Q8_0).unwrap();
+        assert!(conv.notes.is_empty(), "{:?}", conv.notes);
         let dir = std::env::temp_dir().join(format!("kiln-quant-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("q8_0.gguf");
-        w.write_file(&out).unwrap();
+        conv.write(&out, 2).unwrap();
         let got = Model::open(&out).unwrap();
         let want = Model::open(reference).unwrap();
         assert_eq!(got.config, want.config, "{tag}: config");
@@ -380,10 +493,12 @@ mod tests {
         check_against_llamacpp_q8_0(&fixture("gguf/llama-f32.gguf"), "gguf");
         // GGUF input keeps the tokenizer.
         let model = Model::open(fixture("gguf/llama-f32.gguf")).unwrap();
-        let (w, _) = convert(&model, GgmlType::Q4_0, 1).unwrap();
-        let bytes = w.to_bytes();
-        let g = kiln_format::gguf::Gguf::from_bytes("<memory>", bytes).unwrap();
-        assert!(g.get("tokenizer.ggml.tokens").is_some());
+        let conv = plan(&model, GgmlType::Q4_0).unwrap();
+        assert!(conv
+            .meta
+            .0
+            .iter()
+            .any(|(k, _)| k == "tokenizer.ggml.tokens"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use kiln_format::quantize::f32_to_bf16_bits;
 use kiln_format::Model;
 use serde_json::json;
 
-use crate::quantize::{convert, default_threads, parse_type};
+use crate::quantize::{default_threads, parse_type, plan};
 use crate::CliResult;
 
 #[derive(clap::Args)]
@@ -445,14 +445,14 @@ pub fn run(a: Args) -> CliResult {
     let model = Model::open(&hf)?;
     for ty in types {
         let t0 = std::time::Instant::now();
-        let (w, notes) = convert(&model, ty, threads)?;
-        for n in &notes {
+        let conv = plan(&model, ty)?;
+        for n in &conv.notes {
             eprintln!("{n}");
         }
         let out = a
             .out_dir
             .join(format!("model-{}.gguf", ty.name().to_ascii_lowercase()));
-        w.write_file(&out)?;
+        conv.write(&out, threads)?;
         eprintln!(
             "wrote {} ({:.1}s)",
             out.display(),

@@ -12,6 +12,9 @@
 //! NaN and infinite values give whatever the reference formulas give.
 
 mod legacy;
+mod stream;
+
+pub use stream::{GgufStreamWriter, PlannedTensor};
 
 use std::fmt;
 
