@@ -35,7 +35,7 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
     if ! ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl >/dev/null 2>&1; then
         echo "building llama-cpp-python $VER for this CPU (several minutes; cached in $WHEELS)" >&2
         "$VENV/bin/pip" install -q --upgrade pip wheel >&2
-        CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=${BUILD_JOBS:-2} \
+        CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=${BUILD_JOBS:-2} \
             "$VENV/bin/pip" wheel --no-deps -w "$WHEELS" "llama-cpp-python==$VER" >&2
     fi
     "$VENV/bin/pip" install -q "$WHEELS"/llama_cpp_python-"$VER"-*.whl >&2
