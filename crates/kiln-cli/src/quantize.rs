@@ -1,7 +1,8 @@
 //! `kiln quantize IN OUT TYPE`: a GGUF file or HF folder in, a GGUF file out
 //! with every 2-D weight in TYPE (like llama-quantize).
 //!
-//! 1-D tensors (norms, biases, `rope_freqs`) stay F32. A weight whose rows are
+//! 1-D tensors (norms, biases, `rope_freqs`), `position_embd` and
+//! `token_types` stay F32 (as llama-quantize leaves them). A weight whose rows are
 //! not a whole number of TYPE blocks falls back to F16 (said on stderr). GGUF
 //! input keeps its metadata (tokenizer included); HF input gets llama.cpp-style
 //! metadata from its `ModelConfig`, and for `llama` the Q/K row permutation and
@@ -176,7 +177,13 @@ pub fn plan(model: &Model, ty: GgmlType) -> Result<Conversion<'_>, Box<dyn std::
             0.0
         };
         let ne: Vec<u64> = shape.iter().rev().copied().collect();
-        let mut out_ty = if shape.len() >= 2 { ty } else { GgmlType::F32 };
+        // llama-quantize keeps learned positions and token types as they are.
+        let keep = t.name.starts_with("position_embd.") || t.name.starts_with("token_types.");
+        let mut out_ty = if shape.len() >= 2 && !keep {
+            ty
+        } else {
+            GgmlType::F32
+        };
         if !ne[0].is_multiple_of(out_ty.block_size() as u64) {
             notes.push(format!(
                 "{}: row length {} is not a multiple of the {out_ty} block size ({}); written as F16",
@@ -510,7 +517,7 @@ mod tests {
     /// to llama.cpp's Q8_0 file.
     #[test]
     fn other_architectures_equal_llamacpp_q8_0() {
-        for arch in ["qwen2", "qwen3", "gemma3"] {
+        for arch in ["qwen2", "qwen3", "gemma3", "gpt2"] {
             let reference = fixture_of(arch, &format!("gguf/{arch}-q8_0.gguf"));
             let f32_in = fixture_of(arch, &format!("gguf/{arch}-f32.gguf"));
             check_against(&f32_in, &reference, &format!("{arch}-gguf"));
