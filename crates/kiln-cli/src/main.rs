@@ -1,6 +1,7 @@
 //! The `kiln` command line. Each subcommand lives in its own module; this file
 //! only parses arguments and turns errors into a message and exit code 1.
 
+mod bench;
 mod chat;
 mod default_model;
 mod engine_args;
@@ -30,6 +31,8 @@ enum Command {
     Quantize(quantize::Args),
     /// Write a random-weight model of a named shape (HF folder and GGUFs).
     Synth(synth::Args),
+    /// Measure prompt and generation throughput, llama-bench style.
+    Bench(bench::Args),
     /// Describe a model file or folder: format, architecture, config, tokenizer, tensors.
     Inspect(inspect::Args),
     /// Tokenize text (or render a chat) with a model's tokenizer.
@@ -62,6 +65,7 @@ fn main() {
     let result = match cli.command {
         Command::Quantize(a) => quantize::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
