@@ -450,12 +450,16 @@ mod tests {
     }
 
     fn check_against(input: &Path, reference: &Path, tag: &str) {
+        check_type_against(input, GgmlType::Q8_0, reference, tag)
+    }
+
+    fn check_type_against(input: &Path, ty: GgmlType, reference: &Path, tag: &str) {
         let model = Model::open(input).unwrap();
-        let conv = plan(&model, GgmlType::Q8_0).unwrap();
+        let conv = plan(&model, ty).unwrap();
         assert!(conv.notes.is_empty(), "{:?}", conv.notes);
         let dir = std::env::temp_dir().join(format!("kiln-quant-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join("q8_0.gguf");
+        let out = dir.join(format!("{ty}.gguf"));
         conv.write(&out, 2).unwrap();
         let got = Model::open(&out).unwrap();
         let want = Model::open(reference).unwrap();
@@ -490,7 +494,7 @@ mod tests {
         );
         assert_eq!(
             gg.get("general.file_type").and_then(|v| v.as_int()),
-            Some(7)
+            Some(file_type(ty) as i128)
         );
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -522,6 +526,22 @@ mod tests {
             let f32_in = fixture_of(arch, &format!("gguf/{arch}-f32.gguf"));
             check_against(&f32_in, &reference, &format!("{arch}-gguf"));
             check_against(&fixture_of(arch, "hf"), &reference, &format!("{arch}-hf"));
+        }
+    }
+
+    /// llama.cpp's Q4_0/Q4_1/Q5_0 files of the llama fixture, from the f32
+    /// GGUF and from the HF folder.
+    #[test]
+    fn llama_q4_0_q4_1_q5_0_equal_llamacpp() {
+        for (name, ty) in [
+            ("q4_0", GgmlType::Q4_0),
+            ("q4_1", GgmlType::Q4_1),
+            ("q5_0", GgmlType::Q5_0),
+        ] {
+            let reference = fixture(&format!("gguf/llama-{name}.gguf"));
+            let f32_in = fixture("gguf/llama-f32.gguf");
+            check_type_against(&f32_in, ty, &reference, &format!("{name}-gguf"));
+            check_type_against(&fixture("hf"), ty, &reference, &format!("{name}-hf"));
         }
     }
 
