@@ -11,7 +11,8 @@
 # repetitions, alternating which goes first, and prints both engines'
 # prompt (pp) and generation (tg) tok/s and the ratios.
 #
-# Environment: THREADS (2), P (128), N (64), REPS (3), ROUNDS (3),
+# Environment: KILN (a kiln binary; default: build one), THREADS (2), P (128),
+# N (64), REPS (3), ROUNDS (3),
 # LLAMA_CPP_PYTHON_VERSION (0.3.36), SETUP_ONLY=1 (install and stop).
 set -euo pipefail
 
@@ -42,8 +43,10 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
 fi
 [ "${SETUP_ONLY:-0}" = 1 ] && exit 0
 
-cargo build --release -q -p kiln-cli >&2
-KILN=$CARGO_TARGET_DIR/release/kiln
+if [ -z "${KILN:-}" ]; then
+    cargo build --release -q -p kiln-cli >&2
+    KILN=$CARGO_TARGET_DIR/release/kiln
+fi
 
 if [ $# -eq 0 ]; then
     M=${KILN_MODELS:-$HOME/.cache/kiln-test-models}
