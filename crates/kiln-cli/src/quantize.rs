@@ -27,7 +27,7 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1.
+    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q6_k.
     pub ty: String,
     /// Threads for quantization (default: all cores).
     #[arg(long)]
@@ -82,6 +82,7 @@ pub fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q8_0 => 7,
         GgmlType::Q5_0 => 8,
         GgmlType::Q5_1 => 9,
+        GgmlType::Q6K => 18,
         GgmlType::BF16 => 32,
         _ => 0,
     }
@@ -543,6 +544,34 @@ mod tests {
             check_type_against(&f32_in, ty, &reference, &format!("{name}-gguf"));
             check_type_against(&fixture("hf"), ty, &reference, &format!("{name}-hf"));
         }
+    }
+
+    /// Q6_K has no gguf-py reference: re-quantizing llama.cpp's Q6_K file
+    /// must give back exactly the values it decodes to.
+    #[test]
+    fn q6_k_requantizes_llamacpp_values_exactly() {
+        let input = fixture_of("llama_kq", "gguf/llama_kq-q6_k.gguf");
+        let model = Model::open(&input).unwrap();
+        let dir = std::env::temp_dir().join(format!("kiln-quant-q6k-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("q6_k.gguf");
+        plan(&model, GgmlType::Q6K).unwrap().write(&out, 2).unwrap();
+        let got = Model::open(&out).unwrap();
+        assert_eq!(got.config, model.config);
+        let mut n = 0;
+        for t in model.tensors() {
+            if t.ty != TensorType::Ggml(GgmlType::Q6K) {
+                continue;
+            }
+            let g = got.require(&t.name).unwrap();
+            assert_eq!(g.ty, t.ty, "{}", t.name);
+            let a = dequantize_to_vec(GgmlType::Q6K, model.data(t)).unwrap();
+            let b = dequantize_to_vec(GgmlType::Q6K, got.data(g)).unwrap();
+            assert!(a == b, "{}: values differ", t.name);
+            n += 1;
+        }
+        assert!(n >= 10, "only {n} Q6_K tensors");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -7,10 +7,16 @@
 //! `quantize_row_*_ref`), so the blocks are bit-identical to gguf-py's;
 //! `tests/quantize_gguf_py.rs` checks that against stored vectors.
 //!
+//! `Q6_K` follows ggml-quants.c's `quantize_row_q6_K_ref` (no importance
+//! matrix). gguf-py has no K-quant quantizer, so it is checked by round-trip
+//! error bounds only (exactness with llama.cpp also depends on whether its
+//! build contracts `w*x*l` into FMAs).
+//!
 //! Everything works on whole blocks: the input length must be a multiple of
 //! the type's block size ([`QuantError::Length`] otherwise). No input panics:
 //! NaN and infinite values give whatever the reference formulas give.
 
+mod kquants;
 mod legacy;
 mod stream;
 
@@ -54,6 +60,7 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
+    GgmlType::Q6K,
 ];
 
 pub fn is_supported(ty: GgmlType) -> bool {
@@ -105,6 +112,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
                 GgmlType::Q4_1 => legacy::q4_1,
                 GgmlType::Q5_0 => legacy::q5_0,
                 GgmlType::Q5_1 => legacy::q5_1,
+                GgmlType::Q6K => kquants::q6_k,
                 _ => unreachable!("checked by out_len"),
             };
             for (x, o) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {

@@ -15,7 +15,7 @@ fn lcg(seed: u64, n: usize) -> Vec<f32> {
 
 #[test]
 fn round_trip_error_is_bounded() {
-    let x = lcg(7, 32 * 64);
+    let x = lcg(7, 256 * 8);
     for &(ty, tol) in &[
         (GgmlType::F32, 0.0),
         (GgmlType::F16, 1e-3),
@@ -25,6 +25,7 @@ fn round_trip_error_is_bounded() {
         (GgmlType::Q4_1, 1.0 / 15.0 + 1e-3),
         (GgmlType::Q5_0, 1.0 / 16.0 + 1e-3),
         (GgmlType::Q5_1, 1.0 / 31.0 + 1e-3),
+        (GgmlType::Q6K, 1.0 / 32.0 + 1e-2),
     ] {
         let q = quantize_to_vec(ty, &x).unwrap();
         assert_eq!(q.len() as u64, ty.bytes_for(x.len() as u64).unwrap());
@@ -40,7 +41,7 @@ fn round_trip_error_is_bounded() {
 
 #[test]
 fn parallel_equals_serial_and_lengths_are_checked() {
-    let x = lcg(9, 32 * 5000 + 32 * 3);
+    let x = lcg(9, 256 * 700 + 256 * 3);
     for &ty in SUPPORTED {
         let a = quantize_to_vec(ty, &x).unwrap();
         let b = quantize_par(ty, &x, 3).unwrap();
