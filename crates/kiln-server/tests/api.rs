@@ -503,6 +503,11 @@ fn shutdown_cancels_after_grace() {
             std::thread::spawn(move || post(a, "/v1/completions", &b))
         })
         .collect();
+    // Every request must have reached the scheduler first: a client that
+    // connects after shutdown began is (rightly) refused, not cancelled.
+    wait_for(30, "all requests queued or running", || {
+        metric(a, "kiln_queue_depth") + metric(a, "kiln_running_sequences") >= 6.0
+    });
     wait_for(30, "generation to start", || {
         metric(a, "kiln_generation_tokens_total") > 0.0
     });
