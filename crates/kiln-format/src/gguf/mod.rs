@@ -6,7 +6,7 @@
 
 mod read;
 mod value;
-mod write;
+pub(crate) mod write;
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -19,7 +19,6 @@ struct PendingTensor {
 /// Builds a GGUF v3 file in memory order: add metadata and tensors, then
 /// write. Tensor data is placed in the order added, each at an aligned offset.
 pub struct GgufWriter {
-    alignment: u64,
     metadata: Vec<(String, Value)>,
     tensors: Vec<PendingTensor>,
 }
@@ -33,7 +32,6 @@ impl Default for GgufWriter {
 impl GgufWriter {
     pub fn new() -> Self {
         Self {
-            alignment: DEFAULT_ALIGNMENT,
             metadata: Vec::new(),
             tensors: Vec::new(),
         }
@@ -43,13 +41,6 @@ impl GgufWriter {
     /// u32 power of two changes the alignment used for tensor data.
     pub fn set(&mut self, key: impl Into<String>, value: Value) -> &mut Self {
         let key = key.into();
-        if key == "general.alignment" {
-            if let Value::U32(a) = value {
-                if a > 0 && a.is_power_of_two() {
-                    self.alignment = a as u64;
-                }
-            }
-        }
         match self.metadata.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
             None => self.metadata.push((key, value)),
@@ -69,22 +60,7 @@ impl GgufWriter {
         let name = name.into();
         let bad =
             |msg: String| FormatError::invalid("<gguf writer>", format!("tensor '{name}': {msg}"));
-        if ne.is_empty() || ne.len() > MAX_DIMS {
-            return Err(bad(format!(
-                "{} dimensions (1 to {MAX_DIMS} allowed)",
-                ne.len()
-            )));
-        }
-        if !ne[0].is_multiple_of(ty.block_size() as u64) {
-            return Err(bad(format!(
-                "row length {} is not a multiple of the {ty} block size",
-                ne[0]
-            )));
-        }
-        let n: u64 = ne.iter().product();
-        let want = ty
-            .bytes_for(n)
-            .ok_or_else(|| bad("size overflows".into()))?;
+        let want = tensor_bytes(ty, ne).map_err(bad)?;
         if want != data.len() as u64 {
             return Err(bad(format!(
                 "{} data bytes given, {ty} {ne:?} needs {want}",
@@ -105,39 +81,16 @@ impl GgufWriter {
 
     /// Writes the whole file.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
-        let mut header = Vec::new();
-        header.extend_from_slice(GGUF_MAGIC);
-        header.extend_from_slice(&3u32.to_le_bytes());
-        header.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        header.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in &self.metadata {
-            put_str(&mut header, k);
-            header.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
-            put_value(&mut header, v);
-        }
-        let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
+        let alignment = alignment_of(&self.metadata);
+        let infos = self
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.ty, t.ne.as_slice(), t.data.len() as u64));
+        w.write_all(&encode_header(&self.metadata, infos, alignment))?;
         for t in &self.tensors {
-            put_str(&mut header, &t.name);
-            header.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-            for d in &t.ne {
-                header.extend_from_slice(&d.to_le_bytes());
-            }
-            header.extend_from_slice(&t.ty.id().to_le_bytes());
-            header.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + t.data.len() as u64).div_ceil(self.alignment) * self.alignment;
-        }
-        pad(&mut header, self.alignment);
-        w.write_all(&header)?;
-        let mut written = 0u64;
-        for (t, &off) in self.tensors.iter().zip(&offsets) {
-            w.write_all(&vec![0u8; (off - written) as usize])?;
             w.write_all(&t.data)?;
-            written = off + t.data.len() as u64;
+            w.write_all(&vec![0u8; padding(t.data.len() as u64, alignment)])?;
         }
-        let end = written.div_ceil(self.alignment) * self.alignment;
-        w.write_all(&vec![0u8; (end - written) as usize])?;
         Ok(())
     }
 
@@ -158,10 +111,67 @@ impl GgufWriter {
     }
 }
 
-fn pad(buf: &mut Vec<u8>, alignment: u64) {
-    let len = buf.len() as u64;
-    let target = len.div_ceil(alignment) * alignment;
-    buf.resize(target as usize, 0);
+/// Zero bytes that bring `len` up to a multiple of `alignment`.
+pub(crate) fn padding(len: u64, alignment: u64) -> usize {
+    (len.div_ceil(alignment) * alignment - len) as usize
+}
+
+/// `general.alignment` when it is a u32 power of two, else ggml's default
+/// (what readers, ours included, will use).
+pub(crate) fn alignment_of(metadata: &[(String, Value)]) -> u64 {
+    match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        Some((_, Value::U32(a))) if *a > 0 && a.is_power_of_two() => *a as u64,
+        _ => DEFAULT_ALIGNMENT,
+    }
+}
+
+/// A tensor's byte size, or why its type and shape cannot be written.
+pub(crate) fn tensor_bytes(ty: GgmlType, ne: &[u64]) -> std::result::Result<u64, String> {
+    if ne.is_empty() || ne.len() > MAX_DIMS {
+        return Err(format!("{} dimensions (1 to {MAX_DIMS} allowed)", ne.len()));
+    }
+    if !ne[0].is_multiple_of(ty.block_size() as u64) {
+        return Err(format!(
+            "row length {} is not a multiple of the {ty} block size",
+            ne[0]
+        ));
+    }
+    ty.bytes_for(ne.iter().product())
+        .ok_or_else(|| "size overflows".to_string())
+}
+
+/// The header (magic, counts, metadata, tensor infos) padded to
+/// `alignment`, for tensors `(name, type, ne, bytes)` whose data follows in
+/// this order, each starting at an aligned offset.
+pub(crate) fn encode_header<'a>(
+    metadata: &[(String, Value)],
+    tensors: impl ExactSizeIterator<Item = (&'a str, GgmlType, &'a [u64], u64)>,
+    alignment: u64,
+) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(GGUF_MAGIC);
+    h.extend_from_slice(&3u32.to_le_bytes());
+    h.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    h.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        put_str(&mut h, k);
+        h.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
+        put_value(&mut h, v);
+    }
+    let mut offset = 0u64;
+    for (name, ty, ne, bytes) in tensors {
+        put_str(&mut h, name);
+        h.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for d in ne {
+            h.extend_from_slice(&d.to_le_bytes());
+        }
+        h.extend_from_slice(&ty.id().to_le_bytes());
+        h.extend_from_slice(&offset.to_le_bytes());
+        offset += bytes + padding(bytes, alignment) as u64;
+    }
+    let pad = padding(h.len() as u64, alignment);
+    h.resize(h.len() + pad, 0);
+    h
 }
 
 fn put_str(buf: &mut Vec<u8>, s: &str) {

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{FormatError, Result};
 use crate::ggml_type::GgmlType;
-use crate::gguf::{Array, Value, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
+use crate::gguf::write::{alignment_of, encode_header, padding, tensor_bytes};
+use crate::gguf::Value;
 
 /// One tensor of the plan: name, type, `ne` (ggml order, row length first).
 #[derive(Debug, Clone)]
@@ -48,47 +49,15 @@ impl GgufStreamWriter {
         plan: Vec<PlannedTensor>,
     ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let alignment = metadata
-            .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| match v {
-                Value::U32(a) if *a > 0 && a.is_power_of_two() => Some(*a as u64),
-                _ => None,
-            })
-            .unwrap_or(DEFAULT_ALIGNMENT);
-        let mut h = Vec::new();
-        h.extend_from_slice(GGUF_MAGIC);
-        h.extend_from_slice(&3u32.to_le_bytes());
-        h.extend_from_slice(&(plan.len() as u64).to_le_bytes());
-        h.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
-        for (k, v) in metadata {
-            put_str(&mut h, k);
-            h.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
-            put_value(&mut h, v);
-        }
-        let mut off = 0u64;
+        let alignment = alignment_of(metadata);
         for t in &plan {
-            let bad = |m: String| FormatError::invalid(&path, format!("tensor '{}': {m}", t.name));
-            if t.ne.is_empty() || t.ne.len() > MAX_DIMS {
-                return Err(bad(format!("{} dimensions", t.ne.len())));
-            }
-            if !t.ne[0].is_multiple_of(t.ty.block_size() as u64) {
-                return Err(bad(format!(
-                    "row length {} is not a multiple of the {} block size",
-                    t.ne[0], t.ty
-                )));
-            }
-            put_str(&mut h, &t.name);
-            h.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-            for d in &t.ne {
-                h.extend_from_slice(&d.to_le_bytes());
-            }
-            h.extend_from_slice(&t.ty.id().to_le_bytes());
-            h.extend_from_slice(&off.to_le_bytes());
-            off = (off + t.n_bytes()).div_ceil(alignment) * alignment;
+            tensor_bytes(t.ty, &t.ne)
+                .map_err(|m| FormatError::invalid(&path, format!("tensor '{}': {m}", t.name)))?;
         }
-        let padded = (h.len() as u64).div_ceil(alignment) * alignment;
-        h.resize(padded as usize, 0);
+        let infos = plan
+            .iter()
+            .map(|t| (t.name.as_str(), t.ty, t.ne.as_slice(), t.n_bytes()));
+        let h = encode_header(metadata, infos, alignment);
         let f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
         let mut out = BufWriter::with_capacity(8 << 20, f);
         out.write_all(&h).map_err(|e| FormatError::io(&path, e))?;
@@ -127,11 +96,11 @@ impl GgufStreamWriter {
         let io = |e| FormatError::io(&self.path, e);
         self.out.write_all(data).map_err(io)?;
         self.pos += data.len() as u64;
-        let end = self.pos.div_ceil(self.alignment) * self.alignment;
+        let pad = padding(self.pos, self.alignment);
         self.out
-            .write_all(&vec![0u8; (end - self.pos) as usize])
+            .write_all(&vec![0u8; pad])
             .map_err(|e| FormatError::io(&self.path, e))?;
-        self.pos = end;
+        self.pos += pad as u64;
         self.next += 1;
         Ok(())
     }
@@ -152,69 +121,10 @@ impl GgufStreamWriter {
     }
 }
 
-fn put_str(buf: &mut Vec<u8>, s: &str) {
-    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    buf.extend_from_slice(s.as_bytes());
-}
-
-fn put_value(buf: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::U8(x) => buf.push(*x),
-        Value::I8(x) => buf.push(*x as u8),
-        Value::U16(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::I16(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::U32(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::I32(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::F32(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::Bool(x) => buf.push(*x as u8),
-        Value::String(s) => put_str(buf, s),
-        Value::Array(a) => put_array(buf, a),
-        Value::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
-        Value::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
-    }
-}
-
-fn put_array(buf: &mut Vec<u8>, a: &Array) {
-    buf.extend_from_slice(&(a.element_type() as u32).to_le_bytes());
-    buf.extend_from_slice(&(a.len() as u64).to_le_bytes());
-    match a {
-        Array::U8(v) => buf.extend_from_slice(v),
-        Array::I8(v) => buf.extend(v.iter().map(|&x| x as u8)),
-        Array::U16(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::I16(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::U32(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::I32(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::F32(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::Bool(v) => buf.extend(v.iter().map(|&x| x as u8)),
-        Array::String(v) => v.iter().for_each(|s| put_str(buf, s)),
-        Array::Array(v) => v.iter().for_each(|x| put_array(buf, x)),
-        Array::U64(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::I64(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-        Array::F64(v) => v
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::GgufWriter;
+    use crate::gguf::{Array, GgufWriter};
 
     /// The streamed file is byte-identical to `GgufWriter`'s.
     #[test]
