@@ -273,8 +273,16 @@ fn dequantize_par(
             .zip(out.chunks_mut(per * ty.block_size()))
             .map(|(d, o)| s.spawn(move || dequantize(ty, d, o)))
             .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().expect("dequantize thread"))
+        // A worker only fails by returning an error; a panic there is a bug,
+        // reported as the length error it would have been caught as.
+        hs.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or(Err(kiln_format::dequant::DequantError::Length {
+                    ty,
+                    bytes: data.len(),
+                    elements: n_blocks * ty.block_size(),
+                }))
+        })
     })?;
     Ok(out)
 }

@@ -118,7 +118,7 @@ fn shape(name: &str) -> Option<Shape> {
 }
 
 fn config_json(s: &Shape) -> serde_json::Value {
-    let mut c = json!({
+    let c = json!({
         "hidden_size": s.hidden,
         "intermediate_size": s.ffn,
         "num_hidden_layers": s.layers,
@@ -138,7 +138,10 @@ fn config_json(s: &Shape) -> serde_json::Value {
         "initializer_range": 0.02,
         "use_cache": true,
     });
-    let o = c.as_object_mut().unwrap();
+    // `json!({..})` is always an object; the arms add the family's keys.
+    let serde_json::Value::Object(mut o) = c else {
+        return c;
+    };
     match s.kind {
         Kind::Llama => {
             o.insert("architectures".into(), json!(["LlamaForCausalLM"]));
@@ -182,7 +185,7 @@ fn config_json(s: &Shape) -> serde_json::Value {
             o.insert("attn_logit_softcapping".into(), json!(null));
         }
     }
-    c
+    serde_json::Value::Object(o)
 }
 
 /// (HF name, shape, is a norm weight).
@@ -309,17 +312,19 @@ fn write_safetensors(dir: &Path, s: &Shape, seed: u64, threads: usize) -> CliRes
     let ts = tensors(s);
     let gemma = matches!(s.kind, Kind::Gemma3);
     // Shards of at most 4 GiB of data (a tensor never splits).
-    let mut shards: Vec<Vec<usize>> = vec![vec![]];
+    let mut shards: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
     let mut size = 0u64;
     for (i, (_, sh, _)) in ts.iter().enumerate() {
         let b = sh.iter().product::<usize>() as u64 * 2;
         if size > 0 && size + b > SHARD_BYTES {
-            shards.push(vec![]);
+            shards.push(std::mem::take(&mut current));
             size = 0;
         }
-        shards.last_mut().unwrap().push(i);
+        current.push(i);
         size += b;
     }
+    shards.push(current);
     let n_sh = shards.len();
     let mut weight_map = serde_json::Map::new();
     let mut total = 0u64;
@@ -377,7 +382,8 @@ fn byte_token(b: u8) -> char {
     let n = (0..b)
         .filter(|&x| !((b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || x >= 0xAE))
         .count() as u32;
-    char::from_u32(256 + n).unwrap()
+    // 256 + n < 512 is always a Unicode scalar value.
+    char::from_u32(256 + n).unwrap_or(char::REPLACEMENT_CHARACTER)
 }
 
 /// A byte-level BPE tokenizer with the 256 byte tokens and no merges, plus

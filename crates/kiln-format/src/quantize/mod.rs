@@ -141,14 +141,19 @@ pub fn quantize_par(ty: GgmlType, src: &[f32], threads: usize) -> Result<Vec<u8>
         return Ok(out);
     }
     let per = n_blocks.div_ceil(threads);
+    let len_err = QuantError::Length {
+        ty,
+        elements: src.len(),
+    };
     std::thread::scope(|s| {
-        for (x, o) in src
+        let hs: Vec<_> = src
             .chunks(per * ty.block_size())
             .zip(out.chunks_mut(per * ty.type_size()))
-        {
-            s.spawn(move || quantize(ty, x, o).expect("whole blocks"));
-        }
-    });
+            .map(|(x, o)| s.spawn(move || quantize(ty, x, o)))
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().unwrap_or(Err(len_err.clone())))
+    })?;
     Ok(out)
 }
 
