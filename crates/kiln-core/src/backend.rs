@@ -2,8 +2,8 @@
 //! tokens drawn from any number of sequences.
 
 use crate::arch::ArchDescriptor;
-use crate::error::Result;
-use crate::kv::KvTables;
+use crate::error::{EngineError, Result};
+use crate::kv::{KvTables, NO_BLOCK};
 
 /// Tokens of one forward step. All slices have the same length; token `i`
 /// belongs to sequence slot `seqs[i]` at position `positions[i]`. Tokens of
@@ -27,6 +27,49 @@ impl Batch<'_> {
     }
     pub fn n_logits(&self) -> usize {
         self.want_logits.iter().filter(|&&w| w).count()
+    }
+
+    /// What every backend relies on before it touches memory: equal field
+    /// lengths, at most `max_batch` tokens, ids inside the vocabulary,
+    /// positions inside the context, and a KV block for every position.
+    pub fn check(&self, vocab_size: usize, max_batch: usize, kv: &KvTables) -> Result<()> {
+        let n = self.len();
+        if n > max_batch
+            || self.positions.len() != n
+            || self.seqs.len() != n
+            || self.want_logits.len() != n
+        {
+            return Err(EngineError::Input(format!(
+                "batch of {n} tokens (max {max_batch}) with mismatched field lengths"
+            )));
+        }
+        let layout = kv.layout();
+        let bs = layout.block_size;
+        for i in 0..n {
+            let (tok, pos, seq) = (
+                self.tokens[i] as usize,
+                self.positions[i] as usize,
+                self.seqs[i] as usize,
+            );
+            if tok >= vocab_size || pos >= layout.max_ctx {
+                return Err(EngineError::Input(format!(
+                    "token {tok} at position {pos}: vocabulary {vocab_size}, context {}",
+                    layout.max_ctx
+                )));
+            }
+            for g in 0..layout.groups.len() {
+                if kv
+                    .table(seq, g)
+                    .get(pos / bs)
+                    .is_none_or(|&b| b == NO_BLOCK)
+                {
+                    return Err(EngineError::Input(format!(
+                        "sequence {seq} has no KV block for position {pos}"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

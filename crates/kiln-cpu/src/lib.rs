@@ -24,7 +24,7 @@ mod weights;
 
 use std::sync::{Arc, Mutex};
 
-use kiln_core::kv::{KvLayout, KvTables, NO_BLOCK};
+use kiln_core::kv::{KvLayout, KvTables};
 use kiln_core::rope::{inv_freqs, RopeTable};
 use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
 use kiln_format::{Model, NormKind};
@@ -473,44 +473,11 @@ impl Backend for CpuBackend {
         if n == 0 {
             return Ok(());
         }
-        if n > self.max_batch
-            || batch.positions.len() != n
-            || batch.seqs.len() != n
-            || batch.want_logits.len() != n
-        {
-            return Err(EngineError::Input(format!(
-                "batch of {n} tokens (max {}) with mismatched field lengths",
-                self.max_batch
-            )));
-        }
+        batch.check(d.vocab_size, self.max_batch, kvt)?;
+        let bs = self.layout.block_size;
         let n_out = batch.n_logits();
         if logits.len() < n_out * d.vocab_size {
             return Err(EngineError::Input("logits buffer too small".into()));
-        }
-        let bs = self.layout.block_size;
-        for i in 0..n {
-            let (tok, pos, seq) = (
-                batch.tokens[i] as usize,
-                batch.positions[i] as usize,
-                batch.seqs[i] as usize,
-            );
-            if tok >= d.vocab_size || pos >= self.layout.max_ctx {
-                return Err(EngineError::Input(format!(
-                    "token {tok} at position {pos}: vocabulary {}, context {}",
-                    d.vocab_size, self.layout.max_ctx
-                )));
-            }
-            for g in 0..self.layout.groups.len() {
-                if kvt
-                    .table(seq, g)
-                    .get(pos / bs)
-                    .is_none_or(|&b| b == NO_BLOCK)
-                {
-                    return Err(EngineError::Input(format!(
-                        "sequence {seq} has no KV block for position {pos}"
-                    )));
-                }
-            }
         }
 
         let m = &*self.model;
