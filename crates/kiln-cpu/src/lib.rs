@@ -50,6 +50,13 @@ impl Norm {
             b: opt_vector(m, &format!("{stem}.bias"), d.hidden, 0.0)?,
         })
     }
+    /// Normalizes each `width`-long row of `x` into `out`.
+    fn rows(&self, kind: NormKind, x: &[f32], out: &mut [f32], width: usize, eps: f32) {
+        for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+            kernels::norm(kind, xr, or, &self.w, self.b.as_deref(), eps);
+        }
+    }
+
     fn load_opt(m: &Model, d: &ArchDescriptor, stem: &str) -> Result<Option<Norm>> {
         if m.tensor(&format!("{stem}.weight")).is_none() {
             return Ok(None);
@@ -510,17 +517,9 @@ impl Backend for CpuBackend {
 
         for (li, layer) in w.layers.iter().enumerate() {
             let ld = d.layers[li];
-            for i in 0..n {
-                let r = i * hid..(i + 1) * hid;
-                kernels::norm(
-                    d.norm,
-                    &s.x[r.clone()],
-                    &mut s.xn[r],
-                    &layer.attn_norm.w,
-                    layer.attn_norm.b.as_deref(),
-                    eps,
-                );
-            }
+            layer
+                .attn_norm
+                .rows(d.norm, &s.x[..n * hid], &mut s.xn[..n * hid], hid, eps);
             project(
                 pool,
                 locals,
@@ -633,17 +632,9 @@ impl Backend for CpuBackend {
                 eps,
             );
 
-            for i in 0..n {
-                let r = i * hid..(i + 1) * hid;
-                kernels::norm(
-                    d.norm,
-                    &s.x[r.clone()],
-                    &mut s.xn[r],
-                    &layer.ffn_norm.w,
-                    layer.ffn_norm.b.as_deref(),
-                    eps,
-                );
-            }
+            layer
+                .ffn_norm
+                .rows(d.norm, &s.x[..n * hid], &mut s.xn[..n * hid], hid, eps);
             {
                 let up = Op {
                     w: &layer.up,
@@ -711,17 +702,8 @@ impl Backend for CpuBackend {
                 k += 1;
             }
         }
-        for i in 0..k {
-            let r = i * hid..(i + 1) * hid;
-            kernels::norm(
-                d.norm,
-                &s.sel[r.clone()],
-                &mut s.seln[r],
-                &w.out_norm.w,
-                w.out_norm.b.as_deref(),
-                eps,
-            );
-        }
+        w.out_norm
+            .rows(d.norm, &s.sel[..k * hid], &mut s.seln[..k * hid], hid, eps);
         if k > 0 {
             let out_w = w.output.as_ref().unwrap_or(&w.embd);
             project(
