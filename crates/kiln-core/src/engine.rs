@@ -210,19 +210,21 @@ impl<B: Backend> Engine<B> {
         self.backend.forward(&batch, &self.kv, &mut self.logits)
     }
 
-    /// Feeds `tokens` to sequence `slot` in chunks. With `all_logits`, the
-    /// logits of every token are appended to `out` (`tokens.len() × vocab`);
-    /// otherwise only the last token's row is (`vocab`).
-    pub fn prefill_into(
+    /// Feeds `tokens` to sequence `slot` in chunks of the backend's batch
+    /// size. Each chunk's logits rows (every token's with `all_logits`, else
+    /// only the last token's) are appended to `out` when given. Returns the
+    /// number of rows the last chunk left in `self.logits`.
+    fn feed(
         &mut self,
         slot: usize,
         tokens: &[u32],
         all_logits: bool,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
+        mut out: Option<&mut Vec<f32>>,
+    ) -> Result<usize> {
         self.check_tokens(tokens)?;
         self.check_fits(slot, tokens.len())?;
         let mut pos = self.kv.len(slot);
+        let mut rows = 0;
         for (ci, chunk) in tokens.chunks(self.max_batch).enumerate() {
             let last_chunk = (ci + 1) * self.max_batch >= tokens.len();
             self.kv.reserve(slot, pos + chunk.len())?;
@@ -240,10 +242,25 @@ impl<B: Backend> Engine<B> {
             self.run_staged()?;
             pos += chunk.len();
             self.kv.commit(slot, pos);
-            let n = self.want.iter().filter(|&&w| w).count();
-            out.extend_from_slice(&self.logits[..n * self.vocab]);
+            rows = self.want.iter().filter(|&&w| w).count();
+            if let Some(out) = out.as_deref_mut() {
+                out.extend_from_slice(&self.logits[..rows * self.vocab]);
+            }
         }
-        Ok(())
+        Ok(rows)
+    }
+
+    /// Feeds `tokens` to sequence `slot` in chunks. With `all_logits`, the
+    /// logits of every token are appended to `out` (`tokens.len() × vocab`);
+    /// otherwise only the last token's row is (`vocab`).
+    pub fn prefill_into(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        all_logits: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.feed(slot, tokens, all_logits, Some(out)).map(|_| ())
     }
 
     /// Feeds `tokens` to `slot`; returns the last token's logits.
@@ -251,29 +268,8 @@ impl<B: Backend> Engine<B> {
         if tokens.is_empty() {
             return Err(EngineError::Input("empty prompt".into()));
         }
-        self.check_tokens(tokens)?;
-        self.check_fits(slot, tokens.len())?;
-        let mut pos = self.kv.len(slot);
-        let mut n_last = 0;
-        for (ci, chunk) in tokens.chunks(self.max_batch).enumerate() {
-            let last_chunk = (ci + 1) * self.max_batch >= tokens.len();
-            self.kv.reserve(slot, pos + chunk.len())?;
-            self.tokens.clear();
-            self.positions.clear();
-            self.seqs.clear();
-            self.want.clear();
-            for (i, &t) in chunk.iter().enumerate() {
-                self.tokens.push(t);
-                self.positions.push((pos + i) as u32);
-                self.seqs.push(slot as u32);
-                self.want.push(last_chunk && i + 1 == chunk.len());
-            }
-            self.run_staged()?;
-            pos += chunk.len();
-            self.kv.commit(slot, pos);
-            n_last = usize::from(last_chunk);
-        }
-        Ok(&mut self.logits[..n_last * self.vocab])
+        let rows = self.feed(slot, tokens, false, None)?;
+        Ok(&mut self.logits[..rows * self.vocab])
     }
 
     /// One token for one sequence; returns its logits.
