@@ -224,11 +224,10 @@ impl Conversion<'_> {
         let TensorType::Ggml(src_ty) = t.ty else {
             unreachable!("checked by plan")
         };
-        let mut x = dequantize_par(src_ty, self.model.data(t), threads)
-            .map_err(|e| format!("{}: {e}", t.name))?;
-        if t.transposed && t.shape.len() == 2 {
-            x = transpose(&x, t.shape[0] as usize, t.shape[1] as usize);
-        }
+        let mut x = t.to_logical(
+            dequantize_par(src_ty, self.model.data(t), threads)
+                .map_err(|e| format!("{}: {e}", t.name))?,
+        );
         if let Some(h) = it.permute_heads {
             x = permute_qk(&x, h, it.plan.ne[0] as usize);
         }
@@ -285,16 +284,6 @@ fn dequantize_par(
         })
     })?;
     Ok(out)
-}
-
-fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; x.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = x[r * cols + c];
-        }
-    }
-    out
 }
 
 /// llama.cpp's `LlamaModel.permute`: within each head, rows

@@ -60,14 +60,7 @@ impl Mat {
     fn from_tensor(m: &Model, t: &ModelTensor, rows: usize, cols: usize) -> Result<Mat> {
         let ty = ggml_type(m, t)?;
         if t.transposed {
-            let stored = decode_all(m, t)?;
-            let mut data = vec![0.0f32; rows * cols];
-            // stored is [cols][rows]
-            for (i, chunk) in stored.chunks_exact(rows).enumerate().take(cols) {
-                for (o, &v) in chunk.iter().enumerate() {
-                    data[o * cols + i] = v;
-                }
-            }
+            let data = t.to_logical(decode_all(m, t)?);
             return Ok(Mat::Owned { data, rows, cols });
         }
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85

@@ -432,13 +432,7 @@ impl HostMat {
         }
         let ty = ggml_type(m, t)?;
         if t.transposed {
-            let stored = decode_all(m, t)?;
-            let mut data = vec![0.0f32; rows * cols];
-            for (i, chunk) in stored.chunks_exact(rows).enumerate().take(cols) {
-                for (o, &v) in chunk.iter().enumerate() {
-                    data[o * cols + i] = v;
-                }
-            }
+            let data = t.to_logical(decode_all(m, t)?);
             return Ok(HostMat {
                 ty: GgmlType::F32,
                 rows,

@@ -93,6 +93,26 @@ impl ModelTensor {
     pub fn n_elements(&self) -> u64 {
         self.shape.iter().product()
     }
+
+    /// The tensor's values (as stored, e.g. just dequantized) in the logical
+    /// `[out, in]` order: HF GPT-2's `[in, out]` weights are transposed,
+    /// every other tensor is returned as it is.
+    pub fn to_logical(&self, stored: Vec<f32>) -> Vec<f32> {
+        let &[r, c] = self.shape.as_slice() else {
+            return stored;
+        };
+        if !self.transposed {
+            return stored;
+        }
+        let (r, c) = (r as usize, c as usize);
+        let mut out = vec![0.0f32; stored.len()];
+        for (i, row) in stored.chunks_exact(c).enumerate().take(r) {
+            for (j, &v) in row.iter().enumerate() {
+                out[j * r + i] = v;
+            }
+        }
+        out
+    }
 }
 
 /// MLX quantization as declared in config.json.
