@@ -260,16 +260,9 @@ pub fn run(a: Args) -> CliResult {
         backend.set_kernels(kernels);
         let mut e = Engine::new(backend, layout);
         for &p in &prompts {
-            let mut samples = Vec::new();
-            for rep in 0..=a.reps {
-                e.reset(0);
-                let t = Instant::now();
-                e.prefill(0, &tokens[..p])?;
-                let dt = t.elapsed().as_secs_f64();
-                if rep > 0 {
-                    samples.push(p as f64 / dt);
-                }
-            }
+            let samples = rates(a.reps, p, &mut e, |e| {
+                e.prefill(0, &tokens[..p]).map(|_| ())
+            })?;
             records.push(Record {
                 bandwidth,
                 threads: nt,
@@ -279,20 +272,13 @@ pub fn run(a: Args) -> CliResult {
             });
         }
         for &n in &gens {
-            let mut samples = Vec::new();
-            for rep in 0..=a.reps {
-                e.reset(0);
-                let t = Instant::now();
+            let samples = rates(a.reps, n, &mut e, |e| {
                 let mut tok = tokens[0];
                 for _ in 0..n {
-                    let l = e.decode(0, tok)?;
-                    tok = kiln_core::sampler::argmax(l);
+                    tok = kiln_core::sampler::argmax(e.decode(0, tok)?);
                 }
-                let dt = t.elapsed().as_secs_f64();
-                if rep > 0 {
-                    samples.push(n as f64 / dt);
-                }
-            }
+                Ok(())
+            })?;
             records.push(Record {
                 bandwidth,
                 threads: nt,
@@ -377,4 +363,26 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// Runs `f` on a freshly reset sequence `reps + 1` times, the first as a
+/// warm-up, and returns the tokens per second (`count` tokens per run) of
+/// the timed runs.
+fn rates<B: kiln_core::Backend>(
+    reps: usize,
+    count: usize,
+    e: &mut Engine<B>,
+    mut f: impl FnMut(&mut Engine<B>) -> kiln_core::Result<()>,
+) -> kiln_core::Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        e.reset(0);
+        let t = Instant::now();
+        f(e)?;
+        let dt = t.elapsed().as_secs_f64();
+        if rep > 0 {
+            samples.push(count as f64 / dt);
+        }
+    }
+    Ok(samples)
 }
