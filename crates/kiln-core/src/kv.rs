@@ -232,6 +232,24 @@ impl KvTables {
         }
     }
 
+    /// Whether [`truncate`](Self::truncate)`(slot, new_len)` would succeed:
+    /// every windowed group still holds the keys a query at `new_len` sees.
+    pub fn can_truncate(&self, slot: usize, new_len: usize) -> bool {
+        let Some(s) = self.seqs.get(slot) else {
+            return false;
+        };
+        if new_len >= s.len || new_len == 0 {
+            return true;
+        }
+        let bs = self.layout.block_size;
+        s.tables.iter().enumerate().all(|(g, table)| {
+            self.layout.groups[g].window.is_none_or(|w| {
+                let earliest = (new_len + 1).saturating_sub(w);
+                !table[earliest / bs..new_len.div_ceil(bs)].contains(&NO_BLOCK)
+            })
+        })
+    }
+
     /// Forgets positions `>= new_len` of `slot` (their blocks return to the
     /// pool), so the sequence can continue differently from there: a chat
     /// turn whose history re-tokenizes differently, a shared prefix.
@@ -239,26 +257,17 @@ impl KvTables {
     /// released keys the next query at `new_len` would need; the caller then
     /// starts the sequence over.
     pub fn truncate(&mut self, slot: usize, new_len: usize) -> bool {
-        let bs = self.layout.block_size;
-        let Some(s) = self.seqs.get(slot) else {
+        if !self.can_truncate(slot, new_len) {
             return false;
-        };
-        if new_len >= s.len {
+        }
+        if new_len >= self.len(slot) {
             return true;
         }
         if new_len == 0 {
             self.clear(slot);
             return true;
         }
-        for (g, table) in s.tables.iter().enumerate() {
-            if let Some(w) = self.layout.groups[g].window {
-                let earliest = (new_len + 1).saturating_sub(w);
-                let needed = earliest / bs..new_len.div_ceil(bs);
-                if table[needed].contains(&NO_BLOCK) {
-                    return false;
-                }
-            }
-        }
+        let bs = self.layout.block_size;
         let keep = new_len.div_ceil(bs);
         let s = &mut self.seqs[slot];
         for (g, table) in s.tables.iter_mut().enumerate() {

@@ -460,25 +460,6 @@ impl<B: Backend> Core<B> {
             .sum()
     }
 
-    /// Whether `slot`, truncated to `len` positions, still holds every block
-    /// the next query needs (windowed groups release old blocks).
-    fn truncatable(&self, slot: usize, len: usize) -> bool {
-        let bs = self.kv.layout().block_size;
-        self.kv
-            .layout()
-            .groups
-            .iter()
-            .enumerate()
-            .all(|(g, grp)| match grp.window {
-                None => true,
-                Some(w) => {
-                    let t = self.kv.table(slot, g);
-                    let first = (len + 1).saturating_sub(w);
-                    (first..len).all(|p| t.get(p / bs).is_some_and(|&b| b != NO_BLOCK))
-                }
-            })
-    }
-
     /// Picks a slot for `tokens`: the idle slot with the longest reusable
     /// prefix, else an empty one, else the least recently used idle one.
     /// Returns (slot, positions kept).
@@ -491,14 +472,16 @@ impl<B: Backend> Core<B> {
                 }
                 // Keep at least one token to feed: its logits start generation.
                 let keep = common_prefix(&s.cached, tokens).min(tokens.len().saturating_sub(1));
-                if keep > 0 && best.is_none_or(|(_, k)| keep > k) && self.truncatable(i, keep) {
+                if keep > 0 && best.is_none_or(|(_, k)| keep > k) && self.kv.can_truncate(i, keep) {
                     best = Some((i, keep));
                 }
             }
         }
         if let Some((slot, keep)) = best {
-            self.kv.commit(slot, keep);
-            return Some((slot, keep));
+            // Checked by can_truncate above, so this cannot refuse.
+            if self.kv.truncate(slot, keep) {
+                return Some((slot, keep));
+            }
         }
         let slot = self
             .slots
