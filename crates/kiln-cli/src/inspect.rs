@@ -1,10 +1,9 @@
 //! `kiln inspect PATH`: what a model file or folder holds, as tables or JSON.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use kiln_format::gguf::{Array, Value};
-use kiln_format::{Format, Model, ModelTensor};
+use kiln_format::{Model, ModelTensor};
 use serde_json::{json, Value as Json};
 
 use crate::CliResult;
@@ -379,101 +378,13 @@ fn array_json(a: &Array) -> Json {
     }
 }
 
-/// A description of the tokenizer from the file's own fields (type, vocab
-/// size, special tokens, chat template), without building it.
+/// The tokenizer as kiln builds it (type, vocabulary, special and stop
+/// tokens, chat template), or why it cannot be built.
 fn tokenizer_summary(m: &Model) -> Json {
-    match (&m.gguf, m.format) {
-        (Some(g), _) => {
-            let tokens = g.get("tokenizer.ggml.tokens").and_then(Value::as_array);
-            let piece = |key: &str| -> Json {
-                let id = g.get(key).and_then(Value::as_int);
-                match id {
-                    Some(id) => {
-                        let text = tokens
-                            .and_then(Array::as_strings)
-                            .and_then(|t| t.get(id as usize));
-                        json!({"id": id as i64, "text": text})
-                    }
-                    None => Json::Null,
-                }
-            };
-            json!({
-                "model": g.get_str("tokenizer.ggml.model"),
-                "pre": g.get_str("tokenizer.ggml.pre"),
-                "vocab_size": tokens.map(Array::len),
-                "merges": g.get("tokenizer.ggml.merges").and_then(Value::as_array).map(Array::len),
-                "bos": piece("tokenizer.ggml.bos_token_id"),
-                "eos": piece("tokenizer.ggml.eos_token_id"),
-                "unknown": piece("tokenizer.ggml.unknown_token_id"),
-                "padding": piece("tokenizer.ggml.padding_token_id"),
-                "add_bos_token": g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool),
-                "chat_template": g.get_str("tokenizer.chat_template").map(|t| format!("{} chars", t.len())),
-            })
-        }
-        (None, Format::Safetensors) => hf_tokenizer_summary(&m.path),
-        (None, Format::Gguf) => Json::Null,
+    match kiln_tokenizer::Tokenizer::from_model(m) {
+        Ok(t) => serde_json::to_value(t.summary()).unwrap_or(Json::Null),
+        Err(e) => json!({ "error": e.to_string() }),
     }
-}
-
-fn hf_tokenizer_summary(dir: &Path) -> Json {
-    let read = |name: &str| -> Option<Json> {
-        let text = std::fs::read_to_string(dir.join(name)).ok()?;
-        serde_json::from_str(&text).ok()
-    };
-    let tok = read("tokenizer.json");
-    let cfg = read("tokenizer_config.json");
-    let model = tok.as_ref().and_then(|t| t.get("model"));
-    let vocab = model.and_then(|m| m.get("vocab")).map(|v| match v {
-        Json::Object(o) => o.len(),
-        Json::Array(a) => a.len(),
-        _ => 0,
-    });
-    let added = tok
-        .as_ref()
-        .and_then(|t| t.get("added_tokens"))
-        .and_then(Json::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t.get("content").cloned())
-                .take(16)
-                .collect::<Vec<_>>()
-        });
-    let special = |k: &str| -> Json {
-        match cfg.as_ref().and_then(|c| c.get(k)) {
-            Some(Json::Object(o)) => o.get("content").cloned().unwrap_or(Json::Null),
-            Some(v) => v.clone(),
-            None => Json::Null,
-        }
-    };
-    let template = cfg
-        .as_ref()
-        .and_then(|c| c.get("chat_template"))
-        .map(|t| {
-            if t.is_string() {
-                "tokenizer_config.json"
-            } else {
-                "tokenizer_config.json (named)"
-            }
-        })
-        .or_else(|| {
-            dir.join("chat_template.jinja")
-                .is_file()
-                .then_some("chat_template.jinja")
-        })
-        .or_else(|| {
-            dir.join("chat_template.json")
-                .is_file()
-                .then_some("chat_template.json")
-        });
-    json!({
-        "file": tok.as_ref().map(|_| "tokenizer.json"),
-        "model": model.and_then(|m| m.get("type")).cloned(),
-        "vocab_size": vocab,
-        "added_tokens": added,
-        "bos": special("bos_token"),
-        "eos": special("eos_token"),
-        "chat_template": template,
-    })
 }
 
 fn human_bytes(n: u64) -> String {
