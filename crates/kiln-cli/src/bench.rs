@@ -5,15 +5,25 @@
 //! tokens one at a time. The markdown table and the `-o json` records use
 //! llama-bench's columns and field names, so tooling that reads llama-bench
 //! reads kiln.
+//!
+//! `kiln bench MODEL --batch 1,8,32,64,128 [-p 128] [-n 128]`: like
+//! llama-batched-bench. For each batch size B, B sequences each get a P-token
+//! prompt (prefilled sequence by sequence), then G decode steps each feed one
+//! token of every sequence as one batch. Reported: prompt time and tok/s,
+//! generation time and aggregate tok/s, total; the table and the `-o json`
+//! records use llama-batched-bench's columns and field names.
+//!
+//! The backend is built as `kiln run` builds it (`--device`, `--gpu-mem`);
+//! the records' `backend` field says `cpu` or `cuda`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_core::{ArchDescriptor, Engine, KvLayout};
-use kiln_cpu::{CpuBackend, CpuOptions, Kernels};
+use kiln_core::{Backend, Engine, KvLayout};
+use kiln_cpu::Kernels;
 use kiln_format::{Model, TensorType};
 
+use crate::engine_args::{self, BackendKind, Built, CpuChoice, DeviceArgs, Opened};
 use crate::CliResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -40,20 +50,27 @@ fn parse_list(s: &str) -> Result<Vec<usize>, String> {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A GGUF file or Hugging Face model folder.
-    pub model: PathBuf,
+    /// A GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub dev: DeviceArgs,
     /// Prompt lengths to time (comma-separated; 0 skips).
     #[arg(short = 'p', long = "n-prompt", default_value = "128", value_parser = parse_list)]
     pub n_prompt: Vec<Vec<usize>>,
-    /// Generation lengths to time (comma-separated; 0 skips).
-    #[arg(short = 'n', long = "n-gen", default_value = "64", value_parser = parse_list)]
+    /// Generation lengths to time (comma-separated; 0 skips; default 64,
+    /// with --batch 128).
+    #[arg(short = 'n', long = "n-gen", value_parser = parse_list)]
     pub n_gen: Vec<Vec<usize>>,
-    /// Thread counts (comma-separated; default: all cores).
+    /// Batched mode: numbers of sequences decoded together (comma-separated),
+    /// each with a -p prompt and -n generated tokens, like llama-batched-bench.
+    #[arg(long = "batch", value_parser = parse_list)]
+    pub batch: Vec<Vec<usize>>,
+    /// Thread counts (comma-separated; default: all cores; CPU only).
     #[arg(short = 't', long = "threads", value_parser = parse_list)]
     pub threads: Vec<Vec<usize>>,
-    /// Repetitions per test (after one warm-up run).
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    pub reps: usize,
+    /// Repetitions per test after one warm-up run (default 5; with --batch 1).
+    #[arg(short = 'r', long = "repetitions")]
+    pub reps: Option<usize>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Md)]
     pub output: Output,
@@ -61,7 +78,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = KernelArg::Fast)]
     pub kernels: KernelArg,
     /// Also measure read bandwidth (MiB of buffer, per thread count) and
-    /// report each generation test's fraction of the bandwidth floor.
+    /// report each generation test's fraction of the bandwidth floor (CPU).
     #[arg(long = "floor", num_args = 0..=1, default_missing_value = "512")]
     pub floor: Option<usize>,
 }
@@ -127,15 +144,6 @@ fn read_bandwidth(threads: usize, mib: usize) -> f64 {
         best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64());
     }
     best
-}
-
-struct Record {
-    /// Read bandwidth measured for this thread count (bytes/s), with --floor.
-    bandwidth: Option<f64>,
-    threads: usize,
-    n_prompt: usize,
-    n_gen: usize,
-    samples: Vec<f64>,
 }
 
 fn mean_sd(s: &[f64]) -> (f64, f64) {
@@ -223,152 +231,444 @@ fn describe(m: &Model) -> (String, u64, u64) {
     )
 }
 
+/// What every record says about the model and the backend it ran on.
+struct Setup {
+    filename: String,
+    model_type: String,
+    params: u64,
+    size: u64,
+    bytes_per_token: u64,
+}
+
+/// The backend one group of records ran on.
+#[derive(Clone, Copy)]
+struct On {
+    kind: BackendKind,
+    kernels: Kernels,
+    threads: usize,
+}
+
+impl On {
+    /// The `backend` column of the markdown tables.
+    fn label(&self) -> &'static str {
+        match (self.kind, self.kernels) {
+            (BackendKind::Cuda, _) => "cuda",
+            (BackendKind::Cpu, Kernels::Fast) => "cpu",
+            (BackendKind::Cpu, Kernels::Reference) => "cpu (reference)",
+        }
+    }
+}
+
+impl Setup {
+    /// The fields every JSON record starts with; each mode adds its own.
+    fn json(&self, on: On) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "model_filename": self.filename,
+            "model_type": self.model_type,
+            "model_size": self.size,
+            "model_n_params": self.params,
+            "n_threads": on.threads,
+            "backend": on.kind.as_str(),
+        });
+        if on.kind == BackendKind::Cpu {
+            v["kernels"] = serde_json::json!(match on.kernels {
+                Kernels::Fast => "fast",
+                Kernels::Reference => "reference",
+            });
+        }
+        v
+    }
+}
+
+/// One `ppN` or `tgN` test.
+struct Record {
+    on: On,
+    /// Read bandwidth measured for this thread count (bytes/s), with --floor.
+    bandwidth: Option<f64>,
+    n_prompt: usize,
+    n_gen: usize,
+    samples: Vec<f64>,
+}
+
+/// One batched run: `pl` sequences × (`pp` prompt + `tg` generated tokens).
+struct BatchRecord {
+    on: On,
+    n_kv_max: usize,
+    pp: usize,
+    tg: usize,
+    pl: usize,
+    /// Mean seconds over the repetitions.
+    t_pp: f64,
+    t_tg: f64,
+}
+
+impl BatchRecord {
+    fn n_kv(&self) -> usize {
+        self.pl * (self.pp + self.tg)
+    }
+    fn speed_pp(&self) -> f64 {
+        per_sec(self.pl * self.pp, self.t_pp)
+    }
+    fn speed_tg(&self) -> f64 {
+        per_sec(self.pl * self.tg, self.t_tg)
+    }
+    fn t(&self) -> f64 {
+        self.t_pp + self.t_tg
+    }
+    fn speed(&self) -> f64 {
+        per_sec(self.n_kv(), self.t())
+    }
+}
+
+fn per_sec(n: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// The same pseudo-random prompt as bench/llamacpp_bench.py (sequence 0);
+/// sequence `s` continues the series where sequence `s - 1` stopped.
+fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| (((seq * len + i) as u64 * 7919 + 13) % vocab.max(1) as u64) as u32)
+        .collect()
+}
+
 pub fn run(a: Args) -> CliResult {
-    let model = Arc::new(Model::open(&a.model)?);
-    let desc = ArchDescriptor::from_model(&model)?;
+    let Opened { path, model, desc } = engine_args::open(a.model.clone())?;
     let (model_type, params, size) = describe(&model);
+    let setup = Setup {
+        filename: path.display().to_string(),
+        model_type,
+        params,
+        size,
+        bytes_per_token: bytes_per_token(&model),
+    };
     let prompts: Vec<usize> = a.n_prompt.concat().into_iter().filter(|&p| p > 0).collect();
-    let gens: Vec<usize> = a.n_gen.concat().into_iter().filter(|&n| n > 0).collect();
+    let batches: Vec<usize> = a.batch.concat();
+    let batched = !batches.is_empty();
+    let gens: Vec<usize> = match a.n_gen.concat() {
+        g if g.is_empty() => vec![if batched { 128 } else { 64 }],
+        g => g,
+    };
+    let gens: Vec<usize> = gens.into_iter().filter(|&n| n > 0).collect();
+    if let Some(&b) = batches.iter().find(|&&b| b == 0) {
+        return Err(format!("--batch {b}: a batch holds at least one sequence").into());
+    }
     let threads: Vec<usize> = match a.threads.concat() {
-        t if t.is_empty() => vec![CpuOptions::default().threads],
+        t if t.is_empty() => vec![CpuChoice::threads(None).threads],
         t => t,
     };
-    let max_p = prompts.iter().copied().max().unwrap_or(1);
-    let max_n = gens.iter().copied().max().unwrap_or(0);
-    let ctx = max_p + max_n + 8;
+    if let Some(&t) = threads.iter().find(|&&t| t == 0) {
+        return Err(format!("-t {t}: at least one thread").into());
+    }
     let kernels = match a.kernels {
         KernelArg::Fast => Kernels::Fast,
         KernelArg::Reference => Kernels::Reference,
     };
+    let reps = a.reps.unwrap_or(if batched { 1 } else { 5 }).max(1);
     let vocab = desc.vocab_size;
-    // The same pseudo-random prompt as bench/llamacpp_bench.py.
-    let tokens: Vec<u32> = (0..max_p.max(2) as u64)
-        .map(|i| ((i * 7919 + 13) % vocab as u64) as u32)
-        .collect();
-    let per_token = bytes_per_token(&model);
-    let mut records = Vec::new();
-    for &nt in &threads {
-        let bandwidth = a.floor.map(|mib| read_bandwidth(nt, mib));
-        let layout = KvLayout::plan(&desc, ctx, 1, 16, max_p);
-        let mut backend = CpuBackend::new(
-            Arc::clone(&model),
-            desc.clone(),
-            layout.clone(),
-            max_p,
-            CpuOptions { threads: nt },
-        )?;
-        backend.set_kernels(kernels);
-        let mut e = Engine::new(backend, layout);
-        for &p in &prompts {
-            let samples = rates(a.reps, p, &mut e, |e| {
-                e.prefill(0, &tokens[..p]).map(|_| ())
-            })?;
-            records.push(Record {
-                bandwidth,
-                threads: nt,
-                n_prompt: p,
-                n_gen: 0,
-                samples,
-            });
-        }
-        for &n in &gens {
-            let samples = rates(a.reps, n, &mut e, |e| {
-                let mut tok = tokens[0];
-                for _ in 0..n {
-                    tok = kiln_core::sampler::argmax(e.decode(0, tok)?);
-                }
-                Ok(())
-            })?;
-            records.push(Record {
-                bandwidth,
-                threads: nt,
-                n_prompt: 0,
-                n_gen: n,
-                samples,
-            });
-        }
-    }
-    let backend = match kernels {
-        Kernels::Fast => "CPU",
-        Kernels::Reference => "CPU (reference)",
+
+    // Plan: (ctx, sequences, tokens per forward step).
+    let max_p = prompts.iter().copied().max().unwrap_or(0);
+    let max_n = gens.iter().copied().max().unwrap_or(0);
+    let (ctx, max_seqs, max_chunk) = if batched {
+        let max_b = batches.iter().copied().max().unwrap_or(1);
+        ((max_p + max_n).max(1), max_b, max_p.max(max_b).max(1))
+    } else {
+        (max_p + max_n + 8, 1, max_p.max(1))
     };
-    let filename = a.model.display().to_string();
-    match a.output {
-        Output::Json => {
-            let v: Vec<_> = records
-                .iter()
-                .map(|r| {
-                    let (avg, sd) = mean_sd(&r.samples);
-                    let mut v = serde_json::json!({
-                        "model_filename": filename,
-                        "model_type": model_type,
-                        "model_size": size,
-                        "model_n_params": params,
-                        "n_threads": r.threads,
-                        "n_prompt": r.n_prompt,
-                        "n_gen": r.n_gen,
-                        "avg_ts": avg,
-                        "stddev_ts": sd,
-                        "samples_ts": r.samples,
-                        "backend": backend,
-                        "bytes_per_token": per_token,
-                    });
-                    if let (Some(bw), true) = (r.bandwidth, r.n_gen > 0) {
-                        v["read_bandwidth_gbs"] = serde_json::json!(bw / 1e9);
-                        v["floor_ts"] = serde_json::json!(bw / per_token as f64);
-                        v["floor_fraction"] = serde_json::json!(avg * per_token as f64 / bw);
+    if ctx > desc.context_length.max(1) {
+        eprintln!(
+            "kiln: warning: {ctx} positions per sequence exceed the model's context of {}",
+            desc.context_length
+        );
+    }
+    let layout = KvLayout::plan(&desc, ctx, max_seqs, 16, max_chunk);
+
+    let mut records = Vec::new();
+    let mut batch_records = Vec::new();
+    for &nt in &threads {
+        let Built { backend, kind, .. } = engine_args::make_backend(
+            &model,
+            &desc,
+            &layout,
+            max_chunk,
+            a.dev,
+            CpuChoice {
+                threads: nt,
+                kernels: Some(kernels),
+            },
+        )
+        .map_err(|e| e as Box<dyn std::error::Error>)?;
+        let on = On {
+            kind,
+            kernels,
+            threads: nt,
+        };
+        // The bandwidth floor is the CPU's memory read rate.
+        let bandwidth = match kind {
+            BackendKind::Cpu => a.floor.map(|mib| read_bandwidth(nt, mib)),
+            BackendKind::Cuda => None,
+        };
+        let mut e = Engine::new(backend, layout.clone());
+        if batched {
+            for &p in &prompts_or_zero(&prompts) {
+                for &g in &gens {
+                    for &b in &batches {
+                        let (t_pp, t_tg) = time_batched(&mut e, reps, b, p, g, vocab)?;
+                        batch_records.push(BatchRecord {
+                            on,
+                            n_kv_max: ctx * max_seqs,
+                            pp: p,
+                            tg: g,
+                            pl: b,
+                            t_pp,
+                            t_tg,
+                        });
                     }
-                    v
-                })
-                .collect();
-            crate::write_stdout(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
-        }
-        Output::Md => {
-            let mut out = String::new();
-            out.push_str("| model                          |       size |     params | backend         | threads |          test |                  t/s |\n");
-            out.push_str("| ------------------------------ | ---------: | ---------: | --------------- | ------: | ------------: | -------------------: |\n");
-            for r in &records {
-                let (avg, sd) = mean_sd(&r.samples);
-                let test = if r.n_prompt > 0 {
-                    format!("pp{}", r.n_prompt)
-                } else {
-                    format!("tg{}", r.n_gen)
-                };
-                out.push_str(&format!(
-                    "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<15} | {:>7} | {:>13} | {:>20} |\n",
-                    model_type,
-                    size as f64 / (1 << 20) as f64,
-                    params as f64 / 1e6,
-                    backend,
-                    r.threads,
-                    test,
-                    format!("{avg:.2} ± {sd:.2}"),
-                ));
-            }
-            for r in records.iter().filter(|r| r.n_gen > 0) {
-                if let Some(bw) = r.bandwidth {
-                    let (avg, _) = mean_sd(&r.samples);
-                    let floor = bw / per_token as f64;
-                    out.push_str(&format!(
-                        "\nfloor, {} threads: {:.1} MiB read per token at {:.1} GB/s = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
-                        r.threads,
-                        per_token as f64 / (1 << 20) as f64,
-                        bw / 1e9,
-                        r.n_gen,
-                        100.0 * avg / floor,
-                    ));
                 }
             }
-            crate::write_stdout(&out)?;
+        } else {
+            let tokens = prompt_tokens(0, max_p.max(2), vocab);
+            for &p in &prompts {
+                let samples = rates(reps, p, &mut e, |e| e.prefill(0, &tokens[..p]).map(|_| ()))?;
+                records.push(Record {
+                    on,
+                    bandwidth,
+                    n_prompt: p,
+                    n_gen: 0,
+                    samples,
+                });
+            }
+            for &n in &gens {
+                let samples = rates(reps, n, &mut e, |e| {
+                    let mut tok = tokens[0];
+                    for _ in 0..n {
+                        tok = kiln_core::sampler::argmax(e.decode(0, tok)?);
+                    }
+                    Ok(())
+                })?;
+                records.push(Record {
+                    on,
+                    bandwidth,
+                    n_prompt: 0,
+                    n_gen: n,
+                    samples,
+                });
+            }
+        }
+        if kind == BackendKind::Cuda {
+            // Thread counts only matter on the CPU.
+            break;
         }
     }
+    let out = match (batched, a.output) {
+        (false, Output::Json) => tests_json(&setup, &records)?,
+        (false, Output::Md) => tests_md(&setup, &records),
+        (true, Output::Json) => batched_json(&setup, &batch_records)?,
+        (true, Output::Md) => batched_md(&setup, &batch_records),
+    };
+    crate::write_stdout(&out)?;
     Ok(())
+}
+
+/// The prompt lengths of batched runs; `-p 0` alone runs generation only.
+fn prompts_or_zero(prompts: &[usize]) -> Vec<usize> {
+    if prompts.is_empty() {
+        vec![0]
+    } else {
+        prompts.to_vec()
+    }
+}
+
+/// One warm-up (short prompts, two decode steps of `b` sequences), then
+/// `reps` timed runs of `b` sequences × (`p` prompt, `g` generated tokens).
+/// Returns the mean prompt and generation seconds.
+fn time_batched<B: Backend>(
+    e: &mut Engine<B>,
+    reps: usize,
+    b: usize,
+    p: usize,
+    g: usize,
+    vocab: usize,
+) -> kiln_core::Result<(f64, f64)> {
+    let (mut t_pp, mut t_tg) = (0.0, 0.0);
+    batched_once(e, b, p.min(16), g.min(2), vocab)?;
+    for _ in 0..reps {
+        let (pp, tg) = batched_once(e, b, p, g, vocab)?;
+        t_pp += pp;
+        t_tg += tg;
+    }
+    Ok((t_pp / reps as f64, t_tg / reps as f64))
+}
+
+/// `b` sequences on empty slots: each prompt prefilled, then `g` steps that
+/// decode one (greedy) token of every sequence in one batch. Returns the
+/// seconds of both phases.
+fn batched_once<B: Backend>(
+    e: &mut Engine<B>,
+    b: usize,
+    p: usize,
+    g: usize,
+    vocab: usize,
+) -> kiln_core::Result<(f64, f64)> {
+    let prompts: Vec<Vec<u32>> = (0..b).map(|s| prompt_tokens(s, p, vocab)).collect();
+    for s in 0..b {
+        e.reset(s);
+    }
+    let mut items: Vec<(usize, u32)> = (0..b).map(|s| (s, 0)).collect();
+    let t = Instant::now();
+    if p > 0 {
+        for (s, prompt) in prompts.iter().enumerate() {
+            items[s].1 = kiln_core::sampler::argmax(e.prefill(s, prompt)?);
+        }
+    }
+    let t_pp = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..g {
+        let logits = e.decode_batch(&items)?;
+        for (item, row) in items.iter_mut().zip(logits.chunks_exact(vocab)) {
+            item.1 = kiln_core::sampler::argmax(row);
+        }
+    }
+    let t_tg = t.elapsed().as_secs_f64();
+    for s in 0..b {
+        e.reset(s);
+    }
+    Ok((t_pp, t_tg))
+}
+
+fn tests_json(setup: &Setup, records: &[Record]) -> serde_json::Result<String> {
+    let per_token = setup.bytes_per_token;
+    let v: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let (avg, sd) = mean_sd(&r.samples);
+            let mut v = setup.json(r.on);
+            v["n_prompt"] = r.n_prompt.into();
+            v["n_gen"] = r.n_gen.into();
+            v["avg_ts"] = avg.into();
+            v["stddev_ts"] = sd.into();
+            v["samples_ts"] = serde_json::json!(r.samples);
+            v["bytes_per_token"] = per_token.into();
+            if let (Some(bw), true) = (r.bandwidth, r.n_gen > 0) {
+                v["read_bandwidth_gbs"] = (bw / 1e9).into();
+                v["floor_ts"] = (bw / per_token as f64).into();
+                v["floor_fraction"] = (avg * per_token as f64 / bw).into();
+            }
+            v
+        })
+        .collect();
+    Ok(format!("{}\n", serde_json::to_string_pretty(&v)?))
+}
+
+fn tests_md(setup: &Setup, records: &[Record]) -> String {
+    let per_token = setup.bytes_per_token;
+    let mut out = String::new();
+    out.push_str("| model                          |       size |     params | backend         | threads |          test |                  t/s |\n");
+    out.push_str("| ------------------------------ | ---------: | ---------: | --------------- | ------: | ------------: | -------------------: |\n");
+    for r in records {
+        let (avg, sd) = mean_sd(&r.samples);
+        let test = if r.n_prompt > 0 {
+            format!("pp{}", r.n_prompt)
+        } else {
+            format!("tg{}", r.n_gen)
+        };
+        out.push_str(&format!(
+            "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<15} | {:>7} | {:>13} | {:>20} |\n",
+            setup.model_type,
+            setup.size as f64 / (1 << 20) as f64,
+            setup.params as f64 / 1e6,
+            r.on.label(),
+            r.on.threads,
+            test,
+            format!("{avg:.2} ± {sd:.2}"),
+        ));
+    }
+    for r in records.iter().filter(|r| r.n_gen > 0) {
+        if let Some(bw) = r.bandwidth {
+            let (avg, _) = mean_sd(&r.samples);
+            let floor = bw / per_token as f64;
+            out.push_str(&format!(
+                "\nfloor, {} threads: {:.1} MiB read per token at {:.1} GB/s = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
+                r.on.threads,
+                per_token as f64 / (1 << 20) as f64,
+                bw / 1e9,
+                r.n_gen,
+                100.0 * avg / floor,
+            ));
+        }
+    }
+    out
+}
+
+fn batched_json(setup: &Setup, records: &[BatchRecord]) -> serde_json::Result<String> {
+    let v: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let mut v = setup.json(r.on);
+            v["n_kv_max"] = r.n_kv_max.into();
+            v["pp"] = r.pp.into();
+            v["tg"] = r.tg.into();
+            v["pl"] = r.pl.into();
+            v["n_kv"] = r.n_kv().into();
+            v["t_pp"] = r.t_pp.into();
+            v["speed_pp"] = r.speed_pp().into();
+            v["t_tg"] = r.t_tg.into();
+            v["speed_tg"] = r.speed_tg().into();
+            v["t"] = r.t().into();
+            v["speed"] = r.speed().into();
+            v
+        })
+        .collect();
+    Ok(format!("{}\n", serde_json::to_string_pretty(&v)?))
+}
+
+fn batched_md(setup: &Setup, records: &[BatchRecord]) -> String {
+    let mut out = String::new();
+    let mut last: Option<(BackendKind, usize)> = None;
+    for r in records {
+        if last != Some((r.on.kind, r.on.threads)) {
+            last = Some((r.on.kind, r.on.threads));
+            let threads = match r.on.kind {
+                BackendKind::Cpu => format!(", {} threads", r.on.threads),
+                BackendKind::Cuda => String::new(),
+            };
+            out.push_str(&format!(
+                "{}{}\n{}, {}{threads}, n_kv_max {}\n\n",
+                if out.is_empty() { "" } else { "\n" },
+                setup.filename,
+                setup.model_type,
+                r.on.label(),
+                r.n_kv_max,
+            ));
+            out.push_str("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n");
+            out.push_str("|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n");
+        }
+        out.push_str(&format!(
+            "| {:>5} | {:>6} | {:>4} | {:>6} | {:>8.3} | {:>8.2} | {:>8.3} | {:>8.2} | {:>8.3} | {:>8.2} |\n",
+            r.pp,
+            r.tg,
+            r.pl,
+            r.n_kv(),
+            r.t_pp,
+            r.speed_pp(),
+            r.t_tg,
+            r.speed_tg(),
+            r.t(),
+            r.speed(),
+        ));
+    }
+    out
 }
 
 /// Runs `f` on a freshly reset sequence `reps + 1` times, the first as a
 /// warm-up, and returns the tokens per second (`count` tokens per run) of
 /// the timed runs.
-fn rates<B: kiln_core::Backend>(
+fn rates<B: Backend>(
     reps: usize,
     count: usize,
     e: &mut Engine<B>,

@@ -1,12 +1,13 @@
-//! What `run` and `chat` share: the model/engine flags, the sampling flags,
-//! and building a CPU engine plus tokenizer from them.
+//! What `run`, `chat`, `bench` and `serve` share: the device and model/engine
+//! flags, the sampling flags, and building a backend (CPU or CUDA, chosen by
+//! `--device`) and an engine plus tokenizer from them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_core::{ArchDescriptor, Backend, Engine, EngineOptions, KvLayout, SamplerParams};
-use kiln_cpu::{CpuBackend, CpuOptions};
+use kiln_cpu::{CpuBackend, CpuOptions, Kernels};
 use kiln_cuda::{CudaBackend, CudaOptions};
 use kiln_format::Model;
 use kiln_tokenizer::Tokenizer;
@@ -40,8 +41,10 @@ fn parse_gpu_mem(s: &str) -> Result<usize, String> {
     kiln_cuda::parse_bytes(s).ok_or_else(|| format!("'{s}' is not a size (e.g. 512M, 8G)"))
 }
 
-#[derive(clap::Args, Clone)]
-pub struct EngineArgs {
+/// `--device` and `--gpu-mem`: which backend runs the model (`run`, `chat`,
+/// `bench`, `serve`).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DeviceArgs {
     /// Where to run: auto (CUDA if a driver is found), cpu or cuda.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -49,6 +52,12 @@ pub struct EngineArgs {
     /// (default: the device's free memory less a margin).
     #[arg(long = "gpu-mem", value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<usize>,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub dev: DeviceArgs,
     /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
     pub model: Option<PathBuf>,
     /// Context size in tokens (0: the model's; default min(4096, model's)). `-cnv` is read as --chat.
@@ -114,6 +123,133 @@ impl SamplingArgs {
     }
 }
 
+/// The backend kind that was built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// CPU backend settings (used when the model runs on the CPU).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuChoice {
+    pub threads: usize,
+    /// `None`: the backend's default ([`Kernels::from_env`]).
+    pub kernels: Option<Kernels>,
+}
+
+impl CpuChoice {
+    /// `threads` or all cores; the default kernels.
+    pub fn threads(threads: Option<usize>) -> Self {
+        CpuChoice {
+            threads: threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            kernels: None,
+        }
+    }
+}
+
+/// A backend built by [`make_backend`].
+pub struct Built {
+    pub backend: Box<dyn Backend>,
+    pub kind: BackendKind,
+    /// "cpu, 2 threads" or "cuda".
+    pub name: String,
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A model file opened and described: what every backend is built from.
+pub struct Opened {
+    pub path: PathBuf,
+    pub model: Arc<Model>,
+    pub desc: ArchDescriptor,
+}
+
+/// Opens `model` (default: the downloaded default model).
+pub fn open(model: Option<PathBuf>) -> Result<Opened, Box<dyn std::error::Error>> {
+    let path = crate::default_model::resolve(model)?;
+    let model = Arc::new(Model::open(&path)?);
+    let desc = ArchDescriptor::from_model(&model)?;
+    Ok(Opened { path, model, desc })
+}
+
+/// The one place a backend is chosen and built: CUDA for `--device cuda`
+/// (an error if it cannot start) or `auto` with a driver present (falling
+/// back to the CPU with a note on stderr if it cannot start), else the CPU.
+/// `layout` is the KV pool the backend stores; `max_chunk` the most tokens
+/// one forward step takes.
+pub fn make_backend(
+    model: &Arc<Model>,
+    desc: &ArchDescriptor,
+    layout: &KvLayout,
+    max_chunk: usize,
+    dev: DeviceArgs,
+    cpu: CpuChoice,
+) -> Result<Built, BoxError> {
+    let cuda = match dev.device {
+        Device::Cpu => None,
+        Device::Auto if !kiln_cuda::driver_present() => None,
+        Device::Auto | Device::Cuda => {
+            let b = CudaBackend::new(
+                Arc::clone(model),
+                desc.clone(),
+                layout.clone(),
+                max_chunk,
+                CudaOptions {
+                    gpu_mem: dev.gpu_mem.or(CudaOptions::default().gpu_mem),
+                    ..CudaOptions::default()
+                },
+            );
+            match (b, dev.device) {
+                (Ok(b), _) => Some(b),
+                (Err(e), Device::Cuda) => return Err(format!("--device cuda: {e}").into()),
+                (Err(e), _) => {
+                    eprintln!("kiln: CUDA unavailable ({e}); running on the CPU");
+                    None
+                }
+            }
+        }
+    };
+    if let Some(b) = cuda {
+        return Ok(Built {
+            backend: Box::new(b),
+            kind: BackendKind::Cuda,
+            name: "cuda".into(),
+        });
+    }
+    let mut b = CpuBackend::new(
+        Arc::clone(model),
+        desc.clone(),
+        layout.clone(),
+        max_chunk,
+        CpuOptions {
+            threads: cpu.threads,
+        },
+    )?;
+    if let Some(k) = cpu.kernels {
+        b.set_kernels(k);
+    }
+    let kernels = match b.kernels() {
+        Kernels::Reference => ", reference kernels",
+        Kernels::Fast => "",
+    };
+    Ok(Built {
+        backend: Box::new(b),
+        kind: BackendKind::Cpu,
+        name: format!("cpu, {} threads{kernels}", cpu.threads),
+    })
+}
+
 /// A model ready to generate with: one sequence slot on the chosen backend.
 pub struct Loaded {
     pub path: PathBuf,
@@ -128,18 +264,13 @@ pub struct Loaded {
 
 pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
     let t_load = Instant::now();
-    let path = crate::default_model::resolve(a.model.clone())?;
-    let model = Arc::new(Model::open(&path)?);
+    let Opened { path, model, desc } = open(a.model.clone())?;
     let tok = Tokenizer::from_model(&model);
-    let desc = ArchDescriptor::from_model(&model)?;
     let requested = match a.ctx_size {
         Some(CtxArg::Size(n)) => Some(n),
         _ => None,
     };
     let ctx = EngineOptions::resolve_ctx(requested, desc.context_length);
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let opts = EngineOptions {
         ctx,
         max_seqs: 1,
@@ -154,48 +285,20 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
         opts.max_chunk,
     );
     let kv_bytes = layout.total_bytes();
-    let cuda = match a.device {
-        Device::Cpu => None,
-        Device::Auto if !kiln_cuda::driver_present() => None,
-        Device::Auto | Device::Cuda => {
-            let b = CudaBackend::new(
-                Arc::clone(&model),
-                desc.clone(),
-                layout.clone(),
-                opts.max_chunk,
-                CudaOptions {
-                    gpu_mem: a.gpu_mem.or(CudaOptions::default().gpu_mem),
-                    ..CudaOptions::default()
-                },
-            );
-            match (b, a.device) {
-                (Ok(b), _) => Some(b),
-                (Err(e), Device::Cuda) => return Err(format!("--device cuda: {e}").into()),
-                (Err(e), _) => {
-                    eprintln!("kiln: CUDA unavailable ({e}); running on the CPU");
-                    None
-                }
-            }
-        }
-    };
-    let (backend, backend_name): (Box<dyn Backend>, String) = match cuda {
-        Some(b) => (Box::new(b), "cuda".into()),
-        None => (
-            Box::new(CpuBackend::new(
-                Arc::clone(&model),
-                desc,
-                layout.clone(),
-                opts.max_chunk,
-                CpuOptions { threads },
-            )?),
-            format!("cpu, {threads} threads"),
-        ),
-    };
+    let built = make_backend(
+        &model,
+        &desc,
+        &layout,
+        opts.max_chunk,
+        a.dev,
+        CpuChoice::threads(a.threads),
+    )
+    .map_err(|e| e as Box<dyn std::error::Error>)?;
     Ok(Loaded {
         path,
         tok,
-        engine: Engine::new(backend, layout),
-        backend_name,
+        engine: Engine::new(built.backend, layout),
+        backend_name: built.name,
         ctx,
         kv_bytes,
         load_secs: t_load.elapsed().as_secs_f64(),
