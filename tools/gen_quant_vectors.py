@@ -104,7 +104,8 @@ def main() -> None:
         "# Quantization test vectors",
         "",
         "Expected output of kiln's quantizers (`crates/kiln-format/src/quantize/`), checked byte for byte by",
-        "`crates/kiln-format/tests/quantize_gguf_py.rs`.",
+        "`crates/kiln-format/tests/quantize_gguf_py.rs`: the legacy and float types against gguf-py, the",
+        "K-quants against ggml itself (see \"K-quants\" below).",
         "",
         "- `input.f32`: little-endian f32 input, 32-value blocks: zeros, negative zeros, constants, +/- ties",
         "  for the largest magnitude, rounding ties, outliers, tiny / huge / subnormal magnitudes (f16 scale",
@@ -126,8 +127,13 @@ def main() -> None:
     ]
     for name, inp, n, b in rows:
         lines.append(f"| {name} | {inp} | {n} | {b} |")
-    lines += ["", "## License", "", "Generated data, dedicated to the public domain (CC0 1.0).", ""]
-    (OUT_DIR / "README.md").write_text("\n".join(lines))
+    # The K-quant section (tools/gen_kquant_vectors.py) and the license are kept as they are.
+    readme = OUT_DIR / "README.md"
+    old = readme.read_text() if readme.exists() else ""
+    tail = old[old.index("## K-quants"):] if "## K-quants" in old else (
+        "## License\n\nGenerated data, dedicated to the public domain (CC0 1.0).\n")
+    lines += ["", tail]
+    readme.write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q6_k.
+    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k.
     pub ty: String,
     /// Threads for quantization (default: all cores).
     #[arg(long)]
@@ -82,6 +82,12 @@ pub fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q8_0 => 7,
         GgmlType::Q5_0 => 8,
         GgmlType::Q5_1 => 9,
+        GgmlType::Q2K => 10,
+        // llama.cpp has no "all Q3_K/Q4_K/Q5_K" ftype; the _S variants are
+        // the closest (mostly that type).
+        GgmlType::Q3K => 11,
+        GgmlType::Q4K => 14,
+        GgmlType::Q5K => 16,
         GgmlType::Q6K => 18,
         GgmlType::BF16 => 32,
         _ => 0,
@@ -580,6 +586,7 @@ mod tests {
     #[test]
     fn parse_type_names() {
         assert!(parse_type("Q8_0").is_ok());
-        assert!(parse_type("q2_k").is_err());
+        assert!(parse_type("q4_k").is_ok());
+        assert!(parse_type("iq4_xs").is_err());
     }
 }

@@ -7,10 +7,12 @@
 //! `quantize_row_*_ref`), so the blocks are bit-identical to gguf-py's;
 //! `tests/quantize_gguf_py.rs` checks that against stored vectors.
 //!
-//! `Q6_K` follows ggml-quants.c's `quantize_row_q6_K_ref` (no importance
-//! matrix). gguf-py has no K-quant quantizer, so it is checked by round-trip
-//! error bounds only (exactness with llama.cpp also depends on whether its
-//! build contracts `w*x*l` into FMAs).
+//! The K-quants (`Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`) follow ggml-quants.c's
+//! `quantize_row_q*_K_ref`, which is what `ggml_quantize_chunk` (and so
+//! llama-quantize) runs without an importance matrix. gguf-py has no K-quant
+//! quantizer; the same test checks them byte for byte against ggml's own
+//! output (vectors made through ctypes from llama-cpp-python's
+//! libggml-base, built without FMA contraction).
 //!
 //! Everything works on whole blocks: the input length must be a multiple of
 //! the type's block size ([`QuantError::Length`] otherwise). No input panics:
@@ -60,6 +62,10 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
     GgmlType::Q6K,
 ];
 
@@ -112,6 +118,10 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
                 GgmlType::Q4_1 => legacy::q4_1,
                 GgmlType::Q5_0 => legacy::q5_0,
                 GgmlType::Q5_1 => legacy::q5_1,
+                GgmlType::Q2K => kquants::q2_k,
+                GgmlType::Q3K => kquants::q3_k,
+                GgmlType::Q4K => kquants::q4_k,
+                GgmlType::Q5K => kquants::q5_k,
                 GgmlType::Q6K => kquants::q6_k,
                 _ => unreachable!("checked by out_len"),
             };

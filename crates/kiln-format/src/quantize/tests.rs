@@ -25,6 +25,10 @@ fn round_trip_error_is_bounded() {
         (GgmlType::Q4_1, 1.0 / 15.0 + 1e-3),
         (GgmlType::Q5_0, 1.0 / 16.0 + 1e-3),
         (GgmlType::Q5_1, 1.0 / 31.0 + 1e-3),
+        (GgmlType::Q2K, 0.4),
+        (GgmlType::Q3K, 0.25),
+        (GgmlType::Q4K, 0.1),
+        (GgmlType::Q5K, 0.05),
         (GgmlType::Q6K, 1.0 / 32.0 + 1e-2),
     ] {
         let q = quantize_to_vec(ty, &x).unwrap();
@@ -35,6 +39,7 @@ fn round_trip_error_is_bounded() {
             .zip(&y)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
+        println!("{ty}: max error {worst}");
         assert!(worst <= tol, "{ty}: max error {worst} > {tol}");
     }
 }
@@ -55,7 +60,7 @@ fn parallel_equals_serial_and_lengths_are_checked() {
         })
     );
     assert!(matches!(
-        quantize_to_vec(GgmlType::Q2K, &x[..256]),
+        quantize_to_vec(GgmlType::IQ4XS, &x[..256]),
         Err(QuantError::Unsupported(_))
     ));
 }
