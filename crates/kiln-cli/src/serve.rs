@@ -1,17 +1,22 @@
 //! `kiln serve [MODEL]`: an OpenAI-compatible HTTP server (kiln-server) with
-//! continuous batching. Stops gracefully on SIGTERM / Ctrl-C.
+//! continuous batching. Stops gracefully on SIGTERM / Ctrl-C. The backend is
+//! built by [`engine_args::make_backend`] (`--device`, `--gpu-mem`), as for
+//! `kiln run`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kiln_server::ServerConfig;
+use kiln_server::{BackendFactory, BackendSpec, ServerConfig};
 
+use crate::engine_args::{self, CpuChoice, DeviceArgs};
 use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// GGUF file or Hugging Face model folder (default: SmolLM2-135M-Instruct, downloaded once).
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub dev: DeviceArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -72,12 +77,19 @@ pub fn run(a: Args) -> CliResult {
         prefix_cache: !a.no_prefix_cache,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
     };
-    kiln_server::run_blocking(&cfg, |st, addr| {
-        let info = st.sched.info;
+    let (dev, cpu) = (a.dev, CpuChoice::threads(a.threads));
+    let make: BackendFactory = Box::new(move |s: BackendSpec| {
+        let b = engine_args::make_backend(&s.model, &s.desc, &s.layout, s.max_batch, dev, cpu)
+            .map_err(|e| e.to_string())?;
+        Ok((b.backend, b.name))
+    });
+    kiln_server::run_blocking(&cfg, make, |st, addr| {
+        let info = &st.sched.info;
         eprintln!(
-            "kiln: serving {} as \"{}\" on http://{addr} (ctx {}, {} slots, {} tokens per step, {} KV blocks)",
+            "kiln: serving {} as \"{}\" on http://{addr} ({}; ctx {}, {} slots, {} tokens per step, {} KV blocks)",
             path.display(),
             st.model_id,
+            info.backend,
             info.ctx,
             st.metrics.slots_total.get(),
             info.step_tokens,

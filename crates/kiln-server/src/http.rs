@@ -98,7 +98,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         )
             .into_response()
     } else {
-        Json(json!({"status": "ok"})).into_response()
+        Json(json!({"status": "ok", "backend": st.sched.info.backend})).into_response()
     }
 }
 

@@ -11,6 +11,10 @@
 //!
 //! [`start`] runs a server on a background thread (tests, embedding);
 //! [`run_blocking`] runs one until SIGTERM / Ctrl-C (the `kiln serve` CLI).
+//!
+//! The backend comes from a [`BackendFactory`] run on the engine thread:
+//! `kiln serve` passes the CLI's (`--device cpu|cuda|auto`, the same code
+//! `kiln run` loads with); [`cpu_backend`] is the default.
 
 pub mod error;
 pub mod http;
@@ -25,7 +29,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_core::{ArchDescriptor, EngineOptions, KvLayout};
+use kiln_core::{ArchDescriptor, Backend, EngineOptions, KvLayout};
 use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_format::Model;
 use kiln_tokenizer::Tokenizer;
@@ -52,6 +56,7 @@ pub struct ServerConfig {
     pub parallel: usize,
     /// Tokens per forward step (decode tokens + prefill chunks).
     pub batch_size: usize,
+    /// CPU threads of [`load`]'s backend (None: all cores).
     pub threads: Option<usize>,
     /// Sequences that may wait for a slot; more get 429.
     pub max_queue: usize,
@@ -86,10 +91,49 @@ impl Default for ServerConfig {
     }
 }
 
-/// Loads the model and tokenizer and starts the engine thread.
-///
-/// (The model → backend construction mirrors `kiln run`'s in kiln-cli.)
+/// What the engine's backend is built for: the model, its architecture, the
+/// KV pool the backend stores and the most tokens one forward step takes.
+pub struct BackendSpec {
+    pub model: Arc<Model>,
+    pub desc: ArchDescriptor,
+    pub layout: KvLayout,
+    pub max_batch: usize,
+}
+
+/// Builds the backend (on the engine thread, so it need not be `Send`) and
+/// names it for logs and `/health` ("cpu, 2 threads", "cuda").
+pub type BackendFactory =
+    Box<dyn FnOnce(BackendSpec) -> Result<(Box<dyn Backend>, String), String> + Send>;
+
+/// The CPU backend with `threads` threads (default: all cores).
+pub fn cpu_backend(threads: Option<usize>) -> BackendFactory {
+    Box::new(move |s: BackendSpec| {
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let b = CpuBackend::new(
+            s.model,
+            s.desc,
+            s.layout,
+            s.max_batch,
+            CpuOptions { threads },
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((
+            Box::new(b) as Box<dyn Backend>,
+            format!("cpu, {threads} threads"),
+        ))
+    })
+}
+
+/// Loads the model and tokenizer and starts the engine thread on the CPU
+/// backend ([`cpu_backend`] with `cfg.threads`).
 pub fn load(cfg: &ServerConfig) -> Result<Arc<AppState>, String> {
+    load_with(cfg, cpu_backend(cfg.threads))
+}
+
+/// Loads the model and tokenizer and starts the engine thread on the
+/// backend `make` builds.
+pub fn load_with(cfg: &ServerConfig, make: BackendFactory) -> Result<Arc<AppState>, String> {
     let path = &cfg.model_path;
     let model = Arc::new(Model::open(path).map_err(|e| format!("{}: {e}", path.display()))?);
     let tok = Tokenizer::from_model(&model)
@@ -98,9 +142,6 @@ pub fn load(cfg: &ServerConfig) -> Result<Arc<AppState>, String> {
     let ctx = EngineOptions::resolve_ctx(cfg.ctx, desc.context_length);
     let parallel = cfg.parallel.max(1);
     let step = cfg.batch_size.max(parallel).max(1);
-    let threads = cfg
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut layout = KvLayout::plan(&desc, ctx, parallel, 16, step);
     if let Some(t) = cfg.kv_tokens {
         let blocks = t.div_ceil(layout.block_size).max(1);
@@ -117,11 +158,15 @@ pub fn load(cfg: &ServerConfig) -> Result<Arc<AppState>, String> {
         prefix_cache: cfg.prefix_cache,
         eos,
     };
-    let m = Arc::clone(&model);
+    let spec = BackendSpec {
+        model: Arc::clone(&model),
+        desc,
+        layout: layout.clone(),
+        max_batch: step,
+    };
     let sched = Scheduler::spawn(sched_cfg, Arc::clone(&metrics), move || {
-        let backend = CpuBackend::new(m, desc, layout.clone(), step, CpuOptions { threads })
-            .map_err(|e| e.to_string())?;
-        Ok((backend, layout))
+        let (backend, name) = make(spec)?;
+        Ok((backend, layout, name))
     })?;
     let model_id = cfg.model_id.clone().unwrap_or_else(|| {
         let name = path
@@ -258,13 +303,15 @@ pub fn start_with(cfg: &ServerConfig, state: Arc<AppState>) -> Result<RunningSer
     })
 }
 
-/// Serves until SIGTERM or Ctrl-C, then shuts down gracefully. `on_ready`
-/// sees the bound address once the model is loaded and the port is open.
+/// Serves until SIGTERM or Ctrl-C, then shuts down gracefully, on the
+/// backend `make` builds. `on_ready` sees the bound address once the model
+/// is loaded and the port is open.
 pub fn run_blocking(
     cfg: &ServerConfig,
+    make: BackendFactory,
     on_ready: impl FnOnce(&AppState, SocketAddr),
 ) -> Result<(), String> {
-    let state = load(cfg)?;
+    let state = load_with(cfg, make)?;
     let rt = runtime().map_err(|e| e.to_string())?;
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let st = Arc::clone(&state);

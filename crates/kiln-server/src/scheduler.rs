@@ -110,8 +110,10 @@ enum Msg {
 }
 
 /// Facts about the running engine.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineInfo {
+    /// What the backend calls itself ("cpu, 2 threads", "cuda").
+    pub backend: String,
     pub ctx: usize,
     pub vocab: usize,
     pub kv_blocks: usize,
@@ -129,12 +131,12 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the engine thread. `make` builds the backend and its KV layout
-    /// on that thread (backends need not be `Send`).
+    /// Starts the engine thread. `make` builds the backend, its KV layout
+    /// and its name on that thread (backends need not be `Send`).
     pub fn spawn<B, F>(cfg: SchedulerConfig, metrics: Arc<Metrics>, make: F) -> Result<Self, String>
     where
         B: Backend + 'static,
-        F: FnOnce() -> Result<(B, KvLayout), String> + Send + 'static,
+        F: FnOnce() -> Result<(B, KvLayout, String), String> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel::<Msg>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<EngineInfo, String>>();
@@ -144,7 +146,7 @@ impl Scheduler {
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
             .spawn(move || {
-                let (backend, layout) = match make() {
+                let (backend, layout, name) = match make() {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -152,7 +154,7 @@ impl Scheduler {
                     }
                 };
                 let mut core = Core::new(backend, layout, cfg, metrics, q);
-                let _ = ready_tx.send(Ok(core.info()));
+                let _ = ready_tx.send(Ok(core.info(name)));
                 core.run(rx);
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
@@ -328,8 +330,9 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    fn info(&self) -> EngineInfo {
+    fn info(&self, backend: String) -> EngineInfo {
         EngineInfo {
+            backend,
             ctx: self.ctx,
             vocab: self.vocab,
             kv_blocks: self.kv.layout().groups.iter().map(|g| g.n_blocks).sum(),
