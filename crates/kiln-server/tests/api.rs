@@ -448,6 +448,60 @@ fn disconnect_frees_kv() {
     );
 }
 
+/// A non-streaming client that hangs up before its answer: the request's
+/// sequences (running and queued) are cancelled and every KV block returns
+/// to the pool.
+#[test]
+fn non_streaming_disconnect_frees_kv() {
+    let mut cfg = config(tiny_llama());
+    cfg.prefix_cache = false;
+    cfg.parallel = 2;
+    let s = start(cfg);
+    let a = s.addr;
+    // 8 choices × 240 tokens on 2 slots: far more steps than the test needs
+    // to see it start and hang up.
+    let body =
+        json!({"prompt": "a b c d", "max_tokens": 240, "ignore_eos": true, "n": 8}).to_string();
+    let mut c = connect(a);
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_for(30, "generation to start", || {
+        metric(a, "kiln_running_sequences") == 2.0
+            && metric(a, "kiln_generation_tokens_total") > 0.0
+    });
+    assert!(metric(a, "kiln_kv_blocks_used") > 0.0);
+    drop(c);
+    wait_for(30, "the sequences to be cancelled", || {
+        metric(a, "kiln_running_sequences") == 0.0
+            && metric(a, "kiln_queue_depth") == 0.0
+            && metric(a, "kiln_kv_blocks_used") == 0.0
+    });
+    let total = metric(a, "kiln_kv_blocks_total");
+    assert_eq!(metric(a, "kiln_kv_blocks_free"), total);
+    let m = get(a, "/metrics").body;
+    let gen = metric(a, "kiln_generation_tokens_total");
+    assert!(
+        gen < 8.0 * 240.0,
+        "{gen} tokens generated: the disconnect was not noticed\n{m}"
+    );
+    assert!(
+        m.contains("kiln_sequences_finished_total{reason=\"cancelled\"} 8"),
+        "{m}"
+    );
+    // The server still serves.
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 3, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+}
+
 #[test]
 fn queue_full_is_429_and_shutdown_is_503() {
     let mut cfg = config(tiny_llama());
