@@ -18,6 +18,13 @@ and the K-quant part of tests/data/quant/README.md is kept by hand.
 Usage (from the repository root):
     python3 tools/gen_kquant_vectors.py [--lib PATH/libggml-base.so]
     python3 tools/gen_kquant_vectors.py --big N OUT_DIR   # N random weight-like blocks, not committed
+    python3 tools/gen_kquant_vectors.py --llama-quantize IN.gguf OUT.gguf FTYPE
+        # llama.cpp's own llama_model_quantize (libllama from the same wheel), no imatrix;
+        # FTYPE is a llama_ftype number (15 = Q4_K_M) or name; to compare with `kiln quantize`
+        # (add --pure for llama-quantize --pure: kiln's plain types)
+    python3 tools/gen_kquant_vectors.py --mix-hashes OUT.txt LABEL[+pure]=IN.gguf ...
+        # llama-quantize every mix (+pure: and every --pure K type) of each input; writes each
+        # output tensor's type and sha256 (needs gguf-py importable, e.g. PYTHONPATH=<venv with gguf>)
 (needs numpy and the llama-cpp-python wheel; default lib: the venv at
 ~/.cache/kiln-bench/venv).
 """
@@ -162,11 +169,79 @@ def blocks(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(out).astype(f)
 
 
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12,
+          "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
+
+
+def llama_quantize(inp: str, out: str, ftype: str, pure: bool) -> None:
+    """llama-quantize [--pure] IN OUT FTYPE through llama-cpp-python (no imatrix, 2 threads)."""
+    import llama_cpp  # the wheel's libllama
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.pure = pure
+    p.ftype = FTYPES[ftype.upper()] if ftype.upper() in FTYPES else int(ftype)
+    p.nthread = 2
+    rc = llama_cpp.llama_model_quantize(inp.encode(), out.encode(), ctypes.byref(p))
+    if rc != 0:
+        sys.exit(f"llama_model_quantize failed: {rc}")
+
+
+MIX_TARGETS = [("Q4_K_M", False), ("Q4_K_S", False), ("Q5_K_M", False), ("Q5_K_S", False), ("Q3_K_M", False),
+               ("Q3_K_L", False), ("Q2_K", True), ("Q3_K_S", True), ("Q4_K_S", True), ("Q5_K_S", True),
+               ("Q6_K", True)]
+# kiln's name for each target: mixes by name, --pure files by their one type.
+PURE_NAME = {"Q2_K": "q2_k", "Q3_K_S": "q3_k", "Q4_K_S": "q4_k", "Q5_K_S": "q5_k", "Q6_K": "q6_k"}
+
+
+def mix_hashes(out: str, inputs: list[str]) -> None:
+    """One line per quantized tensor: `input target name type sha256[:16]`.
+
+    Inputs are `LABEL=IN.gguf` (the mixes) or `LABEL+pure=IN.gguf` (also the --pure K types).
+    """
+    import hashlib
+    import tempfile
+
+    from gguf import GGUFReader
+
+    lines = [f"# llama-quantize (llama-cpp-python {llama_cpp_version()}, no imatrix) output tensors:",
+             "# input target tensor type sha256[:16] (F32 tensors left out); tools/gen_kquant_vectors.py --mix-hashes"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in inputs:
+            label, path = spec.split("=", 1)
+            with_pure = label.endswith("+pure")
+            label = label.removesuffix("+pure")
+            for ftype, pure in MIX_TARGETS:
+                if pure and not with_pure:
+                    continue
+                q = os.path.join(tmp, "q.gguf")
+                llama_quantize(path, q, ftype, pure)
+                target = PURE_NAME[ftype] if pure else ftype.lower()
+                for t in GGUFReader(q).tensors:
+                    if t.tensor_type.name != "F32":
+                        h = hashlib.sha256(t.data.tobytes()).hexdigest()[:16]
+                        lines.append(f"{label} {target} {t.name} {t.tensor_type.name} {h}")
+    Path(out).write_text("\n".join(lines) + "\n")
+
+
+def llama_cpp_version() -> str:
+    import importlib.metadata
+    return importlib.metadata.version("llama_cpp_python")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=None)
     ap.add_argument("--big", nargs=2, metavar=("N_BLOCKS", "OUT_DIR"))
+    ap.add_argument("--llama-quantize", nargs=3, metavar=("IN", "OUT", "FTYPE"))
+    ap.add_argument("--pure", action="store_true", help="with --llama-quantize: one type for all (--pure)")
+    ap.add_argument("--mix-hashes", nargs="+", metavar="OUT.json LABEL=IN.gguf")
     a = ap.parse_args()
+    if a.mix_hashes:
+        mix_hashes(a.mix_hashes[0], a.mix_hashes[1:])
+        return
+    if a.llama_quantize:
+        llama_quantize(*a.llama_quantize, a.pure)
+        return
     g = Ggml(a.lib or find_lib())
     print(g.info())
     if a.big:

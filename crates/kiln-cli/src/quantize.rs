@@ -1,12 +1,20 @@
 //! `kiln quantize IN OUT TYPE`: a GGUF file or HF folder in, a GGUF file out
-//! with every 2-D weight in TYPE (like llama-quantize).
+//! (like llama-quantize).
+//!
+//! TYPE is either one ggml type for every 2-D weight (f32 … q6_k: what
+//! `llama-quantize --pure` writes) or one of llama.cpp's K-quant mixes
+//! (`q3_k_s`, `q3_k_m`, `q3_k_l`, `q4_k_s`, `q4_k_m`, `q5_k_s`, `q5_k_m`),
+//! which pick a type per tensor as llama.cpp's `llama_tensor_get_type` does
+//! for a dense model without importance matrix (see [`Mix`]).
 //!
 //! 1-D tensors (norms, biases, `rope_freqs`), `position_embd` and
-//! `token_types` stay F32 (as llama-quantize leaves them). A weight whose rows are
-//! not a whole number of TYPE blocks falls back to F16 (said on stderr). GGUF
-//! input keeps its metadata (tokenizer included); HF input gets llama.cpp-style
-//! metadata from its `ModelConfig`, and for `llama` the Q/K row permutation and
-//! the Llama 3 `rope_freqs` tensor llama.cpp's converter writes.
+//! `token_types` stay F32 (as llama-quantize leaves them). A weight whose rows
+//! are not a whole number of its type's blocks falls back as llama.cpp's
+//! `tensor_type_fallback` does (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
+//! Q6_K -> Q8_0, then F16; said on stderr). GGUF input keeps its metadata
+//! (tokenizer included); HF input gets llama.cpp-style metadata from its
+//! `ModelConfig`, and for `llama` the Q/K row permutation and the Llama 3
+//! `rope_freqs` tensor llama.cpp's converter writes.
 //!
 //! The output is streamed: one tensor is in memory at a time.
 
@@ -27,7 +35,9 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Target type of the 2-D weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k.
+    /// Target: one type for every 2-D weight (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
+    /// q2_k, q3_k, q4_k, q5_k, q6_k) or a llama.cpp mix (q3_k_s, q3_k_m, q3_k_l, q4_k_s,
+    /// q4_k_m, q5_k_s, q5_k_m).
     pub ty: String,
     /// Threads for quantization (default: all cores).
     #[arg(long)]
@@ -35,20 +45,22 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let ty = parse_type(&a.ty)?;
+    let target = parse_target(&a.ty)?;
     let model = Model::open(&a.input)?;
     let threads = a.threads.unwrap_or_else(default_threads);
-    let conv = plan(&model, ty)?;
+    let t0 = std::time::Instant::now();
+    let conv = plan(&model, target)?;
     for n in &conv.notes {
         eprintln!("{n}");
     }
     conv.write(&a.output, threads)?;
     eprintln!(
-        "wrote {} ({} {}, {} tensors)",
+        "wrote {} ({} {}, {} tensors, {:.1}s)",
         a.output.display(),
         model.config.arch.name(),
-        ty,
-        model.tensors().len()
+        target.name(),
+        model.tensors().len(),
+        t0.elapsed().as_secs_f64()
     );
     Ok(())
 }
@@ -57,13 +69,104 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-pub fn parse_type(s: &str) -> Result<GgmlType, String> {
-    GgmlType::from_name(&s.to_ascii_uppercase())
+/// One of llama.cpp's K-quant mixes (`enum llama_ftype` `MOSTLY_Q*_K_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    Q3KS,
+    Q3KM,
+    Q3KL,
+    Q4KS,
+    Q4KM,
+    Q5KS,
+    Q5KM,
+}
+
+impl Mix {
+    pub const ALL: [Mix; 7] = [
+        Mix::Q3KS,
+        Mix::Q3KM,
+        Mix::Q3KL,
+        Mix::Q4KS,
+        Mix::Q4KM,
+        Mix::Q5KS,
+        Mix::Q5KM,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mix::Q3KS => "Q3_K_S",
+            Mix::Q3KM => "Q3_K_M",
+            Mix::Q3KL => "Q3_K_L",
+            Mix::Q4KS => "Q4_K_S",
+            Mix::Q4KM => "Q4_K_M",
+            Mix::Q5KS => "Q5_K_S",
+            Mix::Q5KM => "Q5_K_M",
+        }
+    }
+
+    /// `general.file_type` (`enum llama_ftype`).
+    pub fn file_type(self) -> u32 {
+        match self {
+            Mix::Q3KS => 11,
+            Mix::Q3KM => 12,
+            Mix::Q3KL => 13,
+            Mix::Q4KS => 14,
+            Mix::Q4KM => 15,
+            Mix::Q5KS => 16,
+            Mix::Q5KM => 17,
+        }
+    }
+
+    /// The type of every tensor no rule picks otherwise.
+    pub fn default_type(self) -> GgmlType {
+        match self {
+            Mix::Q3KS | Mix::Q3KM | Mix::Q3KL => GgmlType::Q3K,
+            Mix::Q4KS | Mix::Q4KM => GgmlType::Q4K,
+            Mix::Q5KS | Mix::Q5KM => GgmlType::Q5K,
+        }
+    }
+}
+
+/// What `kiln quantize` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// One type for every 2-D weight (`llama-quantize --pure`).
+    Pure(GgmlType),
+    /// A llama.cpp mix.
+    Mix(Mix),
+}
+
+impl Target {
+    /// Upper-case name (`Q8_0`, `Q4_K_M`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Pure(t) => t.name(),
+            Target::Mix(m) => m.name(),
+        }
+    }
+
+    pub fn file_type(self) -> u32 {
+        match self {
+            Target::Pure(t) => file_type(t),
+            Target::Mix(m) => m.file_type(),
+        }
+    }
+}
+
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    let up = s.to_ascii_uppercase();
+    if let Some(m) = Mix::ALL.iter().find(|m| m.name() == up) {
+        return Ok(Target::Mix(*m));
+    }
+    GgmlType::from_name(&up)
         .filter(|t| is_supported(*t))
+        .map(Target::Pure)
         .ok_or_else(|| {
             let names: Vec<String> = SUPPORTED
                 .iter()
-                .map(|t| t.name().to_ascii_lowercase())
+                .map(|t| t.name())
+                .chain(Mix::ALL.iter().map(|m| m.name()))
+                .map(|n| n.to_ascii_lowercase())
                 .collect();
             format!(
                 "unknown or unsupported type '{s}' (supported: {})",
@@ -91,6 +194,146 @@ pub fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q6K => 18,
         GgmlType::BF16 => 32,
         _ => 0,
+    }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and
+/// every third one between.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    let (i, n) = (i as i64, n as i64);
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// llama.cpp's tensor order in llama-quantize (`weight_name_comparer`):
+/// by layer number (non-layer tensors first), then by name.
+fn llama_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let layer = |s: &str| -> i64 {
+        s.strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(-1)
+    };
+    layer(a).cmp(&layer(b)).then_with(|| a.cmp(b))
+}
+
+fn is_attn_v_like(name: &str) -> bool {
+    ["attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight"]
+        .iter()
+        .any(|s| name.contains(s))
+}
+
+/// What llama.cpp's `quantize_state_impl` counts: the position of each
+/// attn_v-like and ffn_down tensor in llama-quantize's tensor order (its
+/// `i_attention_wv` / `i_ffn_down` when it reaches that tensor), so the
+/// result does not depend on the order of the input file.
+struct MixState {
+    attn_v: Vec<String>,
+    ffn_down: Vec<String>,
+    n_layers: usize,
+    has_output: bool,
+}
+
+impl MixState {
+    fn new(model: &Model) -> Self {
+        let quantizable = |t: &&kiln_format::ModelTensor| {
+            t.logical_shape().len() >= 2 && t.name.ends_with("weight")
+        };
+        let mut attn_v: Vec<String> = model
+            .tensors()
+            .iter()
+            .filter(quantizable)
+            .filter(|t| is_attn_v_like(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        let mut ffn_down: Vec<String> = model
+            .tensors()
+            .iter()
+            .filter(quantizable)
+            .filter(|t| t.name.contains("ffn_down"))
+            .map(|t| t.name.clone())
+            .collect();
+        attn_v.sort_by(|a, b| llama_order(a, b));
+        ffn_down.sort_by(|a, b| llama_order(a, b));
+        MixState {
+            attn_v,
+            ffn_down,
+            n_layers: model.config.n_layers,
+            has_output: model.tensors().iter().any(|t| t.name == "output.weight"),
+        }
+    }
+}
+
+/// llama.cpp's `llama_tensor_get_type_impl` for the K-quant mixes, as it
+/// runs for a dense (non-MoE) model without importance matrix or overrides.
+/// Left out: the Falcon, 70B-model (`attn_v` Q3_K/Q4_K -> Q5_K) and
+/// 8-expert branches, and the IQ/Q2_K mixes (kiln makes none of those).
+fn mix_type(m: Mix, st: &MixState, name: &str, ncols: u64) -> GgmlType {
+    let mut ty = m.default_type();
+    let is_output = name == "output.weight";
+    let is_embd = name == "token_embd.weight" || name == "per_layer_token_embd.weight";
+    let rank = |v: &[String]| v.iter().position(|n| n == name).unwrap_or(0);
+    if is_output || (!st.has_output && is_embd) {
+        // Output (and tied embeddings): Q6_K, or Q8_0 where rows do not fit.
+        ty = if !ncols.is_multiple_of(ty.block_size() as u64) {
+            GgmlType::Q8_0
+        } else {
+            GgmlType::Q6K
+        };
+    } else if is_embd {
+        // Untied token embeddings keep the default type.
+    } else if is_attn_v_like(name) {
+        let (i, n) = (rank(&st.attn_v), st.attn_v.len());
+        match m {
+            Mix::Q3KM => ty = if i < 2 { GgmlType::Q5K } else { GgmlType::Q4K },
+            Mix::Q3KL => ty = GgmlType::Q5K,
+            Mix::Q4KM | Mix::Q5KM if use_more_bits(i, n) => ty = GgmlType::Q6K,
+            Mix::Q4KS if i < 4 => ty = GgmlType::Q5K,
+            _ => {}
+        }
+    } else if name.contains("attn_k.weight") || name.contains("attn_q.weight") {
+        // (rules for IQ3 mixes and 8-expert models only)
+    } else if name.contains("ffn_down") {
+        let (i, n) = (rank(&st.ffn_down), st.n_layers);
+        match m {
+            Mix::Q3KM => {
+                ty = if i < n / 16 {
+                    GgmlType::Q5K
+                } else {
+                    GgmlType::Q4K
+                }
+            }
+            Mix::Q3KL => ty = GgmlType::Q5K,
+            Mix::Q4KM | Mix::Q5KM if use_more_bits(i, n) => ty = GgmlType::Q6K,
+            Mix::Q4KS if i < n / 8 => ty = GgmlType::Q5K,
+            _ => {}
+        }
+    } else if name.contains("attn_output.weight") {
+        match m {
+            Mix::Q3KM => ty = GgmlType::Q4K,
+            Mix::Q3KL => ty = GgmlType::Q5K,
+            _ => {}
+        }
+    }
+    ty
+}
+
+/// llama.cpp's `tensor_type_fallback`: a type whose blocks fit rows of
+/// `ncols` values.
+fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
+    if ncols.is_multiple_of(ty.block_size() as u64) {
+        return ty;
+    }
+    let f = match ty {
+        GgmlType::Q2K | GgmlType::Q3K => GgmlType::Q4_0,
+        GgmlType::Q4K => GgmlType::Q5_0,
+        GgmlType::Q5K => GgmlType::Q5_1,
+        GgmlType::Q6K => GgmlType::Q8_0,
+        _ => GgmlType::F16,
+    };
+    if ncols.is_multiple_of(f.block_size() as u64) {
+        f
+    } else {
+        GgmlType::F16
     }
 }
 
@@ -130,8 +373,8 @@ pub struct Conversion<'a> {
     pub notes: Vec<String>,
 }
 
-/// Plans the conversion of `model` to `ty` (no tensor data is touched).
-pub fn plan(model: &Model, ty: GgmlType) -> Result<Conversion<'_>, Box<dyn std::error::Error>> {
+/// Plans the conversion of `model` to `target` (no tensor data is touched).
+pub fn plan(model: &Model, target: Target) -> Result<Conversion<'_>, Box<dyn std::error::Error>> {
     let mut meta = Meta::default();
     let mut notes = Vec::new();
     let cfg = &model.config;
@@ -146,7 +389,8 @@ pub fn plan(model: &Model, ty: GgmlType) -> Result<Conversion<'_>, Box<dyn std::
         _ => hf_metadata(&mut meta, cfg),
     }
     meta.set("general.quantization_version", Value::U32(2));
-    meta.set("general.file_type", Value::U32(file_type(ty)));
+    meta.set("general.file_type", Value::U32(target.file_type()));
+    let mix = MixState::new(model);
 
     let from_hf = model.format != Format::Gguf;
     let mut items = Vec::new();
@@ -186,20 +430,24 @@ pub fn plan(model: &Model, ty: GgmlType) -> Result<Conversion<'_>, Box<dyn std::
         let ne: Vec<u64> = shape.iter().rev().copied().collect();
         // llama-quantize keeps learned positions and token types as they are.
         let keep = t.name.starts_with("position_embd.") || t.name.starts_with("token_types.");
-        let mut out_ty = if shape.len() >= 2 && !keep {
-            ty
+        let out_ty = if shape.len() >= 2 && !keep {
+            let want = match target {
+                Target::Pure(ty) => ty,
+                Target::Mix(m) => mix_type(m, &mix, &t.name, ne[0]),
+            };
+            let got = fallback(want, ne[0]);
+            if got != want {
+                notes.push(format!(
+                    "{}: row length {} is not a multiple of the {want} block size ({}); written as {got}",
+                    t.name,
+                    ne[0],
+                    want.block_size()
+                ));
+            }
+            got
         } else {
             GgmlType::F32
         };
-        if !ne[0].is_multiple_of(out_ty.block_size() as u64) {
-            notes.push(format!(
-                "{}: row length {} is not a multiple of the {out_ty} block size ({}); written as F16",
-                t.name,
-                ne[0],
-                out_ty.block_size()
-            ));
-            out_ty = GgmlType::F16;
-        }
         items.push(Item {
             plan: PlannedTensor {
                 name: t.name.clone(),
@@ -459,7 +707,7 @@ mod tests {
 
     fn check_type_against(input: &Path, ty: GgmlType, reference: &Path, tag: &str) {
         let model = Model::open(input).unwrap();
-        let conv = plan(&model, ty).unwrap();
+        let conv = plan(&model, Target::Pure(ty)).unwrap();
         assert!(conv.notes.is_empty(), "{:?}", conv.notes);
         let dir = std::env::temp_dir().join(format!("kiln-quant-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -508,7 +756,7 @@ mod tests {
         check_against_llamacpp_q8_0(&fixture("gguf/llama-f32.gguf"), "gguf");
         // GGUF input keeps the tokenizer.
         let model = Model::open(fixture("gguf/llama-f32.gguf")).unwrap();
-        let conv = plan(&model, GgmlType::Q4_0).unwrap();
+        let conv = plan(&model, Target::Pure(GgmlType::Q4_0)).unwrap();
         assert!(conv
             .meta
             .0
@@ -558,7 +806,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kiln-quant-q6k-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("q6_k.gguf");
-        plan(&model, GgmlType::Q6K).unwrap().write(&out, 2).unwrap();
+        plan(&model, Target::Pure(GgmlType::Q6K))
+            .unwrap()
+            .write(&out, 2)
+            .unwrap();
         let got = Model::open(&out).unwrap();
         assert_eq!(got.config, model.config);
         let mut n = 0;
@@ -585,8 +836,10 @@ mod tests {
 
     #[test]
     fn parse_type_names() {
-        assert!(parse_type("Q8_0").is_ok());
-        assert!(parse_type("q4_k").is_ok());
-        assert!(parse_type("iq4_xs").is_err());
+        assert_eq!(parse_target("Q8_0"), Ok(Target::Pure(GgmlType::Q8_0)));
+        assert_eq!(parse_target("q4_k"), Ok(Target::Pure(GgmlType::Q4K)));
+        assert_eq!(parse_target("q4_k_m"), Ok(Target::Mix(Mix::Q4KM)));
+        assert!(parse_target("iq4_xs").is_err());
+        assert!(parse_target("q2_k_s").is_err());
     }
 }

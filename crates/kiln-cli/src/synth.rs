@@ -18,7 +18,7 @@ use kiln_format::quantize::f32_to_bf16_bits;
 use kiln_format::Model;
 use serde_json::json;
 
-use crate::quantize::{default_threads, parse_type, plan};
+use crate::quantize::{default_threads, parse_target, plan};
 use crate::CliResult;
 
 #[derive(clap::Args)]
@@ -27,7 +27,8 @@ pub struct Args {
     pub shape: String,
     /// Output folder: `hf/` and `model-<type>.gguf` are written inside.
     pub out_dir: PathBuf,
-    /// GGUF types to write (comma-separated; empty for none).
+    /// GGUF types to write (comma-separated; empty for none): any `kiln quantize`
+    /// target, e.g. f16, q8_0, q4_0, q4_k, q6_k, q4_k_m.
     #[arg(long, default_value = "f16,q8_0,q4_0")]
     pub types: String,
     #[arg(long, default_value_t = 0)]
@@ -424,7 +425,7 @@ pub fn run(a: Args) -> CliResult {
         .types
         .split(',')
         .filter(|t| !t.trim().is_empty())
-        .map(|t| parse_type(t.trim()))
+        .map(|t| parse_target(t.trim()))
         .collect::<Result<Vec<_>, _>>()?;
     let threads = a.threads.unwrap_or_else(default_threads);
     let hf = a.out_dir.join("hf");
