@@ -4,6 +4,7 @@
 use crate::arch::ArchDescriptor;
 use crate::error::{EngineError, Result};
 use crate::kv::{KvTables, NO_BLOCK};
+use crate::sampler::DeviceSampling;
 
 /// Tokens of one forward step. All slices have the same length; token `i`
 /// belongs to sequence slot `seqs[i]` at position `positions[i]`. Tokens of
@@ -84,6 +85,28 @@ pub trait Backend {
     /// one row of `vocab_size` logits per token with `want_logits`, in batch
     /// order, to the front of `logits`.
     fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()>;
+
+    /// Whether [`Backend::forward_sampled`] is implemented.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// Like [`Backend::forward`], but each row that wants logits is sampled
+    /// by the backend with its own entry of `params` and only the ids come
+    /// back (in batch order). Backends without device sampling return an
+    /// error and run nothing.
+    fn forward_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[DeviceSampling],
+        ids: &mut [u32],
+    ) -> Result<()> {
+        let _ = (batch, kv, params, ids);
+        Err(EngineError::Input(
+            "this backend does not sample on its device".into(),
+        ))
+    }
 }
 
 /// A backend chosen at run time (`--device`) drives the same engine.
@@ -96,5 +119,17 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()> {
         (**self).forward(batch, kv, logits)
+    }
+    fn samples_on_device(&self) -> bool {
+        (**self).samples_on_device()
+    }
+    fn forward_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[DeviceSampling],
+        ids: &mut [u32],
+    ) -> Result<()> {
+        (**self).forward_sampled(batch, kv, params, ids)
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::backend::{Backend, Batch};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvLayout, KvTables};
-use crate::sampler::Sampler;
+use crate::sampler::{DeviceSampling, Sampler};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -277,9 +277,39 @@ impl<B: Backend> Engine<B> {
         self.decode_batch(&[(slot, token)])
     }
 
+    /// One token for one sequence, sampled by the backend on its device
+    /// (only the id comes back). Call only when
+    /// [`Backend::samples_on_device`].
+    pub fn decode_sampled(&mut self, slot: usize, token: u32, s: DeviceSampling) -> Result<u32> {
+        self.stage_decode(&[(slot, token)])?;
+        let batch = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            seqs: &self.seqs,
+            want_logits: &self.want,
+        };
+        let mut id = [0u32];
+        self.backend
+            .forward_sampled(&batch, &self.kv, &[s], &mut id)?;
+        let len = self.kv.len(slot) + 1;
+        self.kv.commit(slot, len);
+        Ok(id[0])
+    }
+
     /// One token for each of several sequences (distinct slots); returns
     /// their logits, one row each, in order.
     pub fn decode_batch(&mut self, items: &[(usize, u32)]) -> Result<&mut [f32]> {
+        self.stage_decode(items)?;
+        self.run_staged()?;
+        for &(slot, _) in items {
+            let len = self.kv.len(slot) + 1;
+            self.kv.commit(slot, len);
+        }
+        Ok(&mut self.logits[..items.len() * self.vocab])
+    }
+
+    /// Stages one token for each of `items`' sequences (KV reserved).
+    fn stage_decode(&mut self, items: &[(usize, u32)]) -> Result<()> {
         if items.len() > self.max_batch {
             return Err(EngineError::Input(format!(
                 "{} sequences in one step, the backend takes {}",
@@ -306,12 +336,7 @@ impl<B: Backend> Engine<B> {
             self.seqs.push(slot as u32);
             self.want.push(true);
         }
-        self.run_staged()?;
-        for &(slot, _) in items {
-            let len = self.kv.len(slot) + 1;
-            self.kv.commit(slot, len);
-        }
-        Ok(&mut self.logits[..items.len() * self.vocab])
+        Ok(())
     }
 
     /// Generates after `prompt` (appended to what `slot` already holds).
@@ -337,6 +362,9 @@ impl<B: Backend> Engine<B> {
         let t0 = Instant::now();
         let logits = self.prefill(slot, prompt)?;
         let mut next = sampler.sample(logits, &history);
+        // Decode steps sample on the device when the backend can and the
+        // sampler's settings allow (only the id crosses back).
+        let on_device = self.backend.samples_on_device();
         let prompt_secs = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let finish = loop {
@@ -354,8 +382,18 @@ impl<B: Backend> Engine<B> {
             if self.kv.len(slot) + 1 > self.ctx() {
                 break FinishReason::Context;
             }
-            let logits = self.decode(slot, next)?;
-            next = sampler.sample(logits, &history);
+            let dev = if on_device {
+                sampler.device_step()
+            } else {
+                None
+            };
+            next = match dev {
+                Some(s) => self.decode_sampled(slot, next, s)?,
+                None => {
+                    let logits = self.decode(slot, next)?;
+                    sampler.sample(logits, &history)
+                }
+            };
         };
         Ok(Generation {
             timings: Timings {

@@ -29,5 +29,5 @@ pub use backend::{Backend, Batch};
 pub use engine::{Engine, EngineOptions, FinishReason, Generation, Timings};
 pub use error::{EngineError, Result};
 pub use kv::{KvLayout, KvTables};
-pub use sampler::{Sampler, SamplerParams};
+pub use sampler::{DeviceSampling, Sampler, SamplerParams};
 pub use stop::StopStrings;

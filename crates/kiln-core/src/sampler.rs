@@ -60,6 +60,17 @@ impl SamplerParams {
     }
 }
 
+/// Sampling a backend can do on its device so that only token ids come
+/// back ([`crate::Backend::forward_sampled`]): greedy when `temperature <= 0`,
+/// else a draw from the softmax of the `top_k` largest logits (all when 0)
+/// at `temperature`, with the randomness taken from `seed` alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceSampling {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub seed: u64,
+}
+
 /// xoshiro256** seeded through splitmix64.
 #[derive(Debug, Clone)]
 pub struct Rng {
@@ -129,6 +140,34 @@ impl Sampler {
             cand: Vec::with_capacity(vocab_size),
             counts: vec![0; vocab_size],
         }
+    }
+
+    /// This step's sampling as a [`DeviceSampling`] when the chain reduces
+    /// to one — no logit bias or penalties, and top-p / min-p off unless
+    /// greedy — else `None` (sample on the host from logits). Takes the
+    /// step's seed from this sampler's RNG, so a seed repeats its run.
+    pub fn device_step(&mut self) -> Option<DeviceSampling> {
+        let p = &self.params;
+        let penalize = p.repeat_last_n > 0
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
+        if !p.logit_bias.is_empty() || penalize {
+            return None;
+        }
+        if p.temperature <= 0.0 {
+            return Some(DeviceSampling {
+                temperature: 0.0,
+                top_k: 0,
+                seed: 0,
+            });
+        }
+        if p.top_p < 1.0 || p.min_p > 0.0 {
+            return None;
+        }
+        Some(DeviceSampling {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            seed: self.rng.next_u64(),
+        })
     }
 
     /// Restarts the RNG from the configured seed.
@@ -239,6 +278,59 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_step_only_for_plain_chains() {
+        // llama.cpp's defaults use top-p and min-p: host sampling.
+        assert_eq!(
+            Sampler::new(SamplerParams::default(), 8).device_step(),
+            None
+        );
+        let greedy = Sampler::new(SamplerParams::greedy(), 8).device_step();
+        assert_eq!(greedy.map(|d| d.temperature), Some(0.0));
+        let plain = SamplerParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..SamplerParams::default()
+        };
+        let mut a = Sampler::new(plain.clone(), 8);
+        let s1 = a.device_step().map(|d| d.seed);
+        let s2 = a.device_step().map(|d| d.seed);
+        assert!(s1.is_some() && s1 != s2, "each step gets its own seed");
+        a.reseed();
+        assert_eq!(
+            a.device_step().map(|d| d.seed),
+            s1,
+            "a seed repeats its run"
+        );
+        assert_eq!(
+            a.device_step().map(|d| (d.temperature, d.top_k)),
+            Some((0.7, 40))
+        );
+        for p in [
+            SamplerParams {
+                logit_bias: vec![(1, 2.0)],
+                ..plain.clone()
+            },
+            SamplerParams {
+                presence_penalty: 0.5,
+                ..plain.clone()
+            },
+            SamplerParams {
+                top_p: 0.9,
+                ..plain.clone()
+            },
+            SamplerParams {
+                min_p: 0.1,
+                ..plain.clone()
+            },
+        ] {
+            assert_eq!(Sampler::new(p, 8).device_step(), None);
+        }
+    }
 
     fn freqs(params: SamplerParams, logits: &[f32], n: usize) -> Vec<f64> {
         let mut s = Sampler::new(params, logits.len());

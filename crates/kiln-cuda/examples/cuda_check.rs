@@ -178,6 +178,100 @@ fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     }
 }
 
+/// The decode GEMVs (16-byte loads for float weights; 8-bit activations
+/// and integer dot products for quantized ones) against f64 sums over the
+/// dequantized weights and the activations the kernel used.
+fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
+    println!("\n## op level: decode GEMVs (mvf / quantize_q8 + mvq) vs f64");
+    println!("| type | rows x cols | max rel err vs f64 on the kernel's inputs | 8-bit x: bit-exact | rel err vs f32 x (what 8-bit x costs) |");
+    println!("|---|---|---|---|---|");
+    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    for ty in TYPES {
+        let bs = ty.block_size();
+        let sizes: Vec<usize> = match bs {
+            1 if ty == GgmlType::F32 => vec![100, 2052],
+            1 => vec![72, 2056],
+            32 => vec![96, 2240],
+            _ => vec![512, 2304],
+        };
+        for cols in sizes {
+            let rows = 37;
+            let w = random_blocks(ty, rows * cols, &mut rng, 0.5);
+            let mut deq = vec![0.0f32; rows * cols];
+            kiln_format::dequant::dequantize(ty, &w, &mut deq).expect("dequant");
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let (y, xq) = match kiln_cuda::testing::matvec_fast(gpu, ty, &w, rows, cols, &x) {
+                Ok(r) => r,
+                Err(e) if e.0.starts_with("no fast decode GEMV") => continue,
+                Err(e) => {
+                    failures.push(format!("fast matvec {ty} {cols}: {e}"));
+                    continue;
+                }
+            };
+            // The activations the kernel saw, and the CPU's quantization of x
+            // (kiln-cpu QAct: d = amax / 127, round half to even).
+            let mut exact_q = true;
+            let xk: Vec<f64> = match &xq {
+                None => x.iter().map(|&v| f64::from(v)).collect(),
+                Some((q, d)) => {
+                    for b in 0..cols / 32 {
+                        let blk = &x[b * 32..b * 32 + 32];
+                        let amax = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                        let dd = amax / 127.0;
+                        let id = if dd > 0.0 { 1.0 / dd } else { 0.0 };
+                        exact_q &= d[b].to_bits() == dd.to_bits();
+                        for i in 0..32 {
+                            exact_q &= q[b * 32 + i] == (blk[i] * id).round_ties_even() as i8;
+                        }
+                    }
+                    (0..cols)
+                        .map(|c| f64::from(d[c / 32]) * f64::from(q[c]))
+                        .collect()
+                }
+            };
+            let (mut num, mut den, mut num32) = (0.0f64, 0.0f64, 0.0f64);
+            for r in 0..rows {
+                let row = &deq[r * cols..(r + 1) * cols];
+                let want: f64 = row.iter().zip(&xk).map(|(&a, &b)| f64::from(a) * b).sum();
+                let want32: f64 = row
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let got = f64::from(y[r]);
+                num = num.max(if got.is_finite() {
+                    (got - want).abs()
+                } else {
+                    f64::INFINITY
+                });
+                num32 = num32.max((got - want32).abs());
+                den = den.max(want32.abs());
+            }
+            let rel = num / den.max(1e-30);
+            let ok = rel <= 1e-5 && exact_q;
+            if !ok {
+                failures.push(format!(
+                    "fast op {ty} {cols}: rel {rel:.2e}, q8 exact {exact_q}"
+                ));
+            }
+            println!(
+                "| {ty} | {rows} x {cols} | {rel:.2e} | {} | {:.2e} {}|",
+                if xq.is_some() {
+                    if exact_q {
+                        "yes"
+                    } else {
+                        "NO"
+                    }
+                } else {
+                    "-"
+                },
+                num32 / den.max(1e-30),
+                if ok { "" } else { "FAIL " }
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------- fixtures
 
 struct Arrays(Vec<u8>);
@@ -228,6 +322,16 @@ fn cuda_engine(
     o: EngineOptions,
     graphs: bool,
 ) -> Result<Engine<CudaBackend>, String> {
+    cuda_engine_with(model, o, graphs, true)
+}
+
+/// `exact`: f32 activations in every GEMV (else 8-bit ones in one-token GEMVs).
+fn cuda_engine_with(
+    model: &Arc<Model>,
+    o: EngineOptions,
+    graphs: bool,
+    exact: bool,
+) -> Result<Engine<CudaBackend>, String> {
     let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
     let layout = layout_for(&desc, o);
     let b = CudaBackend::new(
@@ -237,6 +341,7 @@ fn cuda_engine(
         o.max_chunk,
         CudaOptions {
             graphs,
+            exact,
             ..CudaOptions::default()
         },
     )
@@ -305,7 +410,11 @@ fn greedy_gpu(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Result<Vec<u3
         desc,
         layout.clone(),
         o.max_chunk,
-        CudaOptions::default(),
+        // The exact GEMVs, as the logits-path engines it is compared with.
+        CudaOptions {
+            exact: true,
+            ..CudaOptions::default()
+        },
     )
     .map_err(|e| e.to_string())?;
     let mut kv = KvTables::new(layout);
@@ -387,18 +496,38 @@ fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
                 .map_err(|e| e.to_string())?;
             let d = max_abs(&out, &want);
             let rel = d / max_mag(&want);
-            let g1 = greedy_engine(&mut e_reset(e), &prompt, gen.len())?;
+            let mut e = e_reset(e);
+            let g1 = greedy_engine(&mut e, &prompt, gen.len())?;
             let g2 = greedy_gpu(&model, &prompt, gen.len())?;
+            // Engine::generate: decode steps sampled on the device.
+            e.reset(0);
+            let mut sampler =
+                kiln_core::Sampler::new(kiln_core::SamplerParams::greedy(), e.vocab_size());
+            let g3 = e
+                .generate(
+                    0,
+                    &prompt,
+                    &mut sampler,
+                    gen.len(),
+                    true,
+                    &|_| false,
+                    &mut |_| kiln_core::engine::Control::Continue,
+                )
+                .map_err(|e| e.to_string())?
+                .tokens;
             let same = |g: &[u32]| g.iter().zip(&gen).take_while(|(a, b)| a == b).count();
-            let (s1, s2) = (same(&g1), same(&g2));
+            let (s1, s2, s3) = (same(&g1), same(&g2), same(&g3));
             Ok(Row {
                 model: name.into(),
                 file: file.clone(),
                 against: "HF f64".into(),
                 max_abs: d,
                 rel,
-                greedy: format!("{s1}/{n} logits path, {s2}/{n} GPU argmax", n = gen.len()),
-                ok: d <= 1e-3 && s1 == gen.len() && s2 == gen.len(),
+                greedy: format!(
+                    "{s1}/{n} logits path, {s2}/{n} GPU argmax, {s3}/{n} Engine::generate",
+                    n = gen.len()
+                ),
+                ok: d <= 1e-3 && s1 == gen.len() && s2 == gen.len() && s3 == gen.len(),
             })
         })();
         rows.push(row.unwrap_or_else(|e| Row {
@@ -464,6 +593,54 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
                     same(&gc)
                 ),
                 ok: deq <= 1e-3 && gc == gg,
+            })
+        })();
+        rows.push(row.unwrap_or_else(|e| Row {
+            model: name.into(),
+            file: file.clone(),
+            against: "CPU".into(),
+            max_abs: f32::NAN,
+            rel: f32::NAN,
+            greedy: format!("error: {e}"),
+            ok: false,
+        }));
+        // The default decode path: one token per step, 8-bit activations in
+        // the GEMVs (as the CPU's fast kernels and llama.cpp). Held to the
+        // CPU fast path's own rule: within 1.5x its distance from the f64
+        // reference + 0.02.
+        let row = (|| -> Result<Row, String> {
+            let r = Arrays::open(&dir.join(format!("ref_llamacpp_{t}.safetensors")))
+                .ok_or("no reference")?;
+            let ids = r.ids("input_ids").ok_or("no input_ids")?;
+            let (_, want) = r.f32("logits_hf_dequant_f64").ok_or("no f64 logits")?;
+            let model = Arc::new(Model::open(&path).map_err(|e| e.to_string())?);
+            let mut ef = cuda_engine_with(&model, opts(), true, false)?;
+            let mut fast = Vec::new();
+            for &id in &ids {
+                fast.extend_from_slice(ef.decode(0, id).map_err(|e| e.to_string())?);
+            }
+            let mut ep = cpu_engine(&model, opts())?;
+            let mut cpu = Vec::new();
+            for &id in &ids {
+                cpu.extend_from_slice(ep.decode(0, id).map_err(|e| e.to_string())?);
+            }
+            let d = max_abs(&fast, &want);
+            let dc = max_abs(&cpu, &want);
+            let prompt = &ids[..8.min(ids.len())];
+            let gf = greedy_engine(&mut e_reset(ef), prompt, 16)?;
+            let gp = greedy_engine(&mut e_reset(ep), prompt, 16)?;
+            let same = gf.iter().zip(&gp).take_while(|(a, b)| a == b).count();
+            Ok(Row {
+                model: name.into(),
+                file: file.clone(),
+                against: format!(
+                    "HF-dequant f64, 8-bit x decode (CPU fast: {dc:.1e}, GPU-CPU {:.1e})",
+                    max_abs(&fast, &cpu)
+                ),
+                max_abs: d,
+                rel: d / max_mag(&want),
+                greedy: format!("= CPU fast: {same}/16"),
+                ok: d <= 1.5 * dc + 0.02,
             })
         })();
         rows.push(row.unwrap_or_else(|e| Row {
@@ -901,6 +1078,52 @@ fn bench() {
     }
 }
 
+/// `--logits MODEL IDS OUT`: the CUDA backend's logits for every position of
+/// the comma-separated token ids, written as raw little-endian f32 to OUT:
+/// [prefill in one batch (cuBLAS GEMMs past 16 tokens)], [decode one token at
+/// a time, default GEMVs], [decode, exact GEMVs] and [CPU backend, decode],
+/// each ids.len() x vocab. For comparisons with transformers on the device.
+fn dump_logits(args: &[String]) -> Result<(), String> {
+    let [model, ids, out] = args else {
+        return Err("--logits MODEL IDS OUT".into());
+    };
+    let ids: Vec<u32> = ids
+        .split(',')
+        .map(|t| t.trim().parse().map_err(|_| format!("bad id '{t}'")))
+        .collect::<Result<_, _>>()?;
+    let model = Arc::new(Model::open(Path::new(model)).map_err(|e| e.to_string())?);
+    let o = EngineOptions {
+        ctx: ids.len().next_power_of_two().max(64),
+        max_seqs: 1,
+        block_size: 16,
+        max_chunk: 512,
+    };
+    let mut all = Vec::new();
+    let t = Instant::now();
+    let mut e = cuda_engine_with(&model, o, true, false)?;
+    eprintln!("load {:.1}s", t.elapsed().as_secs_f64());
+    e.prefill_into(0, &ids, true, &mut all)
+        .map_err(|e| e.to_string())?;
+    e.reset(0);
+    for &id in &ids {
+        all.extend_from_slice(e.decode(0, id).map_err(|e| e.to_string())?);
+    }
+    drop(e);
+    let mut e = cuda_engine_with(&model, o, true, true)?;
+    for &id in &ids {
+        all.extend_from_slice(e.decode(0, id).map_err(|e| e.to_string())?);
+    }
+    drop(e);
+    let mut c = cpu_engine(&model, o)?;
+    for &id in &ids {
+        all.extend_from_slice(c.decode(0, id).map_err(|e| e.to_string())?);
+    }
+    let bytes: Vec<u8> = all.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(out, bytes).map_err(|e| format!("{out}: {e}"))?;
+    eprintln!("wrote {} logits to {out}", all.len());
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bench_on = args.iter().any(|a| a == "--bench");
@@ -911,6 +1134,13 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures"));
 
+    if let Some(i) = args.iter().position(|a| a == "--logits") {
+        if let Err(e) = dump_logits(&args[i + 1..]) {
+            println!("{e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--precompile") {
         let arch = args.get(i + 1).map_or("sm_90", |s| s.as_str());
         match kiln_cuda::gpu::cached_cubin(arch) {
@@ -959,6 +1189,7 @@ fn main() {
 
     let mut failures = Vec::new();
     op_checks(&mut gpu, &mut failures);
+    fast_op_checks(&mut gpu, &mut failures);
     sample_checks(&mut gpu, &mut failures);
     drop(gpu);
     model_checks(&fixtures, &mut failures);

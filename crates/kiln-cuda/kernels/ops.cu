@@ -140,20 +140,27 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = h[i];
 }
 
-// Attention for one (query head, token) per block (grid: (n_heads, n); block: 128).
+// Attention for one (query head, token) per block (grid: (n_heads, n, S); block: 128).
 // Each warp walks a strided share of the visible positions with an online
 // softmax; the warps' partial results are merged at the end. Lane l holds
 // head dimensions l, l + 32, ... (head_dim <= 256).
+// Split-K over positions (flash-decoding) when S = gridDim.z > 1: block s takes
+// the s-th of S equal slices of the visible range and leaves (max, sum,
+// unnormalised output) in `part`; the last block of the (head, token) to
+// finish (a counter per pair, reset by that block for the next launch or
+// graph replay) merges the S partials. A few heads x tokens would otherwise
+// keep most SMs idle at long contexts.
 #define ATT_WARPS 4
 #define ATT_DPL 8
 extern "C" __global__ void attention(const float* q, int qstride, const float* kc, const float* vc,
                                      int n_heads, int n_kv, int hd, const u32* positions,
                                      const u32* ends, const u32* rowidx, const u32* tables,
                                      int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride) {
+                                     float softcap, float* out, int ostride, float* part, u32* counters) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
-    int h = blockIdx.x, t = blockIdx.y;
+    __shared__ int last;
+    int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sp = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = n_heads / n_kv;
     int kh = h / group;
@@ -161,6 +168,12 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     u32 pos = positions[t];
     int end = (int)ends[t];
     int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
+    if (S > 1) {
+        int len = (end - start + S - 1) / S;
+        int s0 = start + sp * len;
+        end = min(end, s0 + len);
+        start = s0;
+    }
     const u32* table = tables + (u64)rowidx[t] * tstride;
     const float* qh = q + (u64)t * qstride + h * hd;
     float qv[ATT_DPL], acc[ATT_DPL];
@@ -211,17 +224,63 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
         L += sl[w] * f[w];
     }
-    float invL = L > 0.0f ? 1.0f / L : 0.0f;
     float* o = out + (u64)t * ostride + h * hd;
+    if (S == 1) {
+        float invL = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) {
+                float s = 0.0f;
+                for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+                o[d] = s * invL;
+            }
+        }
+        return;
+    }
+    // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
+    u64 pair = (u64)t * n_heads + h;
+    float* pp = part + (pair * S + sp) * (hd + 2);
 #pragma unroll
     for (int i = 0; i < ATT_DPL; i++) {
         int d = lane + 32 * i;
         if (d < hd) {
             float s = 0.0f;
             for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+            pp[2 + d] = s;
+        }
+    }
+    if (lane == 0) {
+        pp[0] = M;
+        pp[1] = L;
+    }
+    __threadfence();
+    if (lane == 0) last = atomicAdd(counters + pair, 1u) == (u32)(S - 1);
+    __syncwarp();
+    if (!last) return;
+    __threadfence();
+    const float* base = part + pair * S * (hd + 2);
+    float GM = -INFINITY;
+    for (int k = 0; k < S; k++) GM = fmaxf(GM, ((volatile const float*)base)[k * (hd + 2)]);
+    float GL = 0.0f;
+    for (int k = 0; k < S; k++) {
+        float mk = ((volatile const float*)base)[k * (hd + 2)];
+        if (mk != -INFINITY) GL += ((volatile const float*)base)[k * (hd + 2) + 1] * __expf(mk - GM);
+    }
+    float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) {
+            float s = 0.0f;
+            for (int k = 0; k < S; k++) {
+                float mk = ((volatile const float*)base)[k * (hd + 2)];
+                if (mk != -INFINITY) s += ((volatile const float*)base)[k * (hd + 2) + 2 + d] * __expf(mk - GM);
+            }
             o[d] = s * invL;
         }
     }
+    if (lane == 0) counters[pair] = 0;
 }
 
 // Prefill attention sharing each K/V load among the G query heads of a

@@ -44,6 +44,40 @@ pub fn kernel_type_name(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// Float types read by the 16-byte-load GEMV (`mvf_*`).
+pub(crate) fn mvf_type_name(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        _ => return None,
+    })
+}
+
+/// Quantized types with an 8-bit-activation GEMV (`mvq_*`).
+pub(crate) fn mvq_type_name(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q4K => "q4_k",
+        Q5K => "q5_k",
+        Q6K => "q6_k",
+        _ => return None,
+    })
+}
+
+/// Most slices one decode attention (query head, token) is split into.
+const ATT_SPLIT_MAX: usize = 16;
+/// Visible positions per slice the split count aims at.
+const ATT_SPLIT_POSITIONS: usize = 256;
+/// Batches up to this many tokens use the split decode attention.
+const ATT_SPLIT_MAX_TOKENS: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOptions {
     /// Device ordinal.
@@ -59,6 +93,11 @@ pub struct CudaOptions {
     /// through the GEMV kernels. `$KILN_CUDA_GEMM_MIN` sets the default (16);
     /// 0 turns cuBLAS off.
     pub gemm_min: usize,
+    /// One-token GEMVs of quantized weights with f32 activations (exact
+    /// to f32 rounding, slower) instead of activations quantized to 8 bits
+    /// per 32 values with integer dot products (llama.cpp's and kiln-cpu's
+    /// numerics). `$KILN_CUDA_EXACT=1` sets the default.
+    pub exact: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -87,6 +126,7 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(16),
+            exact: std::env::var("KILN_CUDA_EXACT").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -96,23 +136,16 @@ impl Default for CudaOptions {
 /// (≤ 0: greedy), with noise drawn from `seed` alone, so a (seed, logits)
 /// pair always gives the same id. Penalties, top-p, min-p and logit bias
 /// are not applied here: requests using them sample on the CPU from logits.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuSampling {
-    pub temperature: f32,
-    pub top_k: u32,
-    pub seed: u64,
-}
+pub type GpuSampling = kiln_core::DeviceSampling;
 
-impl GpuSampling {
-    /// The four u32 words the kernel reads.
-    pub(crate) fn words(&self) -> [u32; 4] {
-        [
-            self.temperature.to_bits(),
-            self.top_k,
-            self.seed as u32,
-            (self.seed >> 32) as u32,
-        ]
-    }
+/// The four u32 words the sampling kernel reads.
+pub(crate) fn sampling_words(p: &GpuSampling) -> [u32; 4] {
+    [
+        p.temperature.to_bits(),
+        p.top_k,
+        p.seed as u32,
+        (p.seed >> 32) as u32,
+    ]
 }
 
 /// A cuBLAS handle bound to the backend's stream, with a fixed workspace
@@ -223,6 +256,11 @@ struct Kernels {
     mm: Vec<Option<[cudarc::driver::sys::CUfunction; 4]>>,
     /// Per ggml type id: the one-token GEMV (4 rows per warp).
     mv: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// Per ggml type id: the one-token GEMV with 16-byte loads (float types).
+    mvf: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// Per ggml type id: the one-token GEMV against 8-bit activations.
+    mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    quantize_q8: cudarc::driver::sys::CUfunction,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
     gather_norm: cudarc::driver::sys::CUfunction,
@@ -247,7 +285,16 @@ impl Kernels {
         let mut embed = vec![None; 64];
         let mut mv = vec![None; 64];
         let mut deq = vec![None; 64];
+        let mut mvf = vec![None; 64];
+        let mut mvq = vec![None; 64];
         for ty in GgmlType::ALL {
+            let id = ty.id() as usize;
+            if let Some(n) = mvf_type_name(ty) {
+                mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
+            }
+            if let Some(n) = mvq_type_name(ty) {
+                mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
+            }
             if let Some(n) = kernel_type_name(ty) {
                 let id = ty.id() as usize;
                 mm[id] = Some([
@@ -264,6 +311,9 @@ impl Kernels {
         Ok(Kernels {
             mm,
             mv,
+            mvf,
+            mvq,
+            quantize_q8: gpu.func("quantize_q8")?,
             embed,
             add_norm: gpu.func("add_norm")?,
             gather_norm: gpu.func("gather_norm")?,
@@ -316,6 +366,14 @@ struct Scratch {
     meta: DevBuf,
     /// Sampling parameters, 4 u32 per logits row.
     samp: DevBuf,
+    /// One token's activations as 8-bit blocks for `mvq_*`: values (i8),
+    /// then the blocks' scales and scaled sums (f32).
+    xq: DevBuf,
+    xq_d: DevBuf,
+    xq_s: DevBuf,
+    /// Split decode attention: partial results and per-(head, token) counters.
+    att_part: DevBuf,
+    att_count: DevBuf,
     /// 16-bit activations for the GEMM path (max_batch x widest input).
     xh: Option<DevBuf>,
     /// Dequantized weight rows for the GEMM path (`deq_elems` 16-bit values).
@@ -360,6 +418,10 @@ pub struct CudaBackend {
     k: Kernels,
     plan: MemoryPlan,
     gemm_min: usize,
+    /// See [`CudaOptions::exact`].
+    exact: bool,
+    /// Slices per (query head, token) of the decode attention (1: no split).
+    att_split: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -865,10 +927,22 @@ impl CudaBackend {
         } else {
             0
         };
+        let att_split = layout
+            .max_ctx
+            .div_ceil(ATT_SPLIT_POSITIONS)
+            .clamp(1, ATT_SPLIT_MAX);
+        let split_pairs = b.min(ATT_SPLIT_MAX_TOKENS) * d.n_heads;
+        let att_part_floats = if att_split > 1 {
+            split_pairs * att_split * (d.head_dim + 2)
+        } else {
+            1
+        };
+        let xq_cols = widest.div_ceil(32) * 32;
+        let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
             kv: layout.total_bytes(),
-            scratch: scratch_floats * 4 + ml.total * 4 + b * 4 + b * 16 + gemm_bytes,
+            scratch: scratch_floats * 4 + ml.total * 4 + b * 4 + b * 16 + gemm_bytes + decode_bytes,
         };
         let (free, total) = gpu.mem_info()?;
         let margin = 256 << 20;
@@ -1002,6 +1076,11 @@ impl CudaBackend {
             ids: f(b)?,
             meta: f(ml.total)?,
             samp: f(4 * b)?,
+            xq: DevBuf::zeroed(xq_cols)?,
+            xq_d: f(xq_cols / 32)?,
+            xq_s: f(xq_cols / 32)?,
+            att_part: f(att_part_floats)?,
+            att_count: f(split_pairs.max(1))?,
             xh: if blas.is_some() {
                 Some(DevBuf::alloc(b * widest * 2)?)
             } else {
@@ -1037,6 +1116,8 @@ impl CudaBackend {
             k,
             plan,
             gemm_min: opts.gemm_min,
+            exact: opts.exact,
+            att_split,
             att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1149,12 +1230,79 @@ impl CudaBackend {
         self.s.meta.ptr + off as u64 * 4
     }
 
+    /// Whether a one-token product with `mat` reads 8-bit activations.
+    fn uses_q8(&self, mat: &DMat) -> bool {
+        // Quantized rows hold whole blocks (cols % block size == 0, checked at
+        // load), so every unit of 32 is complete.
+        !self.exact && self.k.mvq[mat.ty.id() as usize].is_some()
+    }
+
+    /// Quantizes one token's activations `x` (`cols` values) into `s.xq`.
+    fn quantize_x(&self, x: u64, cols: usize) -> CuResult<()> {
+        let nb = cols / 32;
+        self.gpu.launch(
+            self.k.quantize_q8,
+            (nb.div_ceil(8) as u32, 1, 1),
+            256,
+            &[
+                Arg::P(x),
+                Arg::I(nb as i32),
+                Arg::P(self.s.xq.ptr),
+                Arg::P(self.s.xq_d.ptr),
+                Arg::P(self.s.xq_s.ptr),
+            ],
+        )
+    }
+
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
+    /// One-token products of quantized weights read `s.xq`, which the caller
+    /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
     #[allow(clippy::too_many_arguments)]
     fn mm(&self, mat: &DMat, bias: u64, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
         if n >= self.gemm_min {
             if let Some(bl) = &self.blas {
                 return self.gemm(bl, mat, bias, x, n, y, ystride);
+            }
+        }
+        const MV_WARPS: usize = 8;
+        if n == 1 && self.uses_q8(mat) {
+            if let Some(f) = self.k.mvq[mat.ty.id() as usize] {
+                return self.gpu.launch(
+                    f,
+                    (mat.rows.div_ceil(MV_WARPS) as u32, 1, 1),
+                    (MV_WARPS * 32) as u32,
+                    &[
+                        Arg::P(mat.ptr()),
+                        Arg::P(mat.row_bytes as u64),
+                        Arg::I(mat.rows as i32),
+                        Arg::I(mat.cols as i32),
+                        Arg::P(self.s.xq.ptr),
+                        Arg::P(self.s.xq_d.ptr),
+                        Arg::P(self.s.xq_s.ptr),
+                        Arg::P(y),
+                        Arg::P(bias),
+                    ],
+                );
+            }
+        }
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
+        if n == 1 && aligned16 {
+            if let Some(f) = self.k.mvf[mat.ty.id() as usize] {
+                return self.gpu.launch(
+                    f,
+                    (mat.rows.div_ceil(MV_WARPS) as u32, 1, 1),
+                    (MV_WARPS * 32) as u32,
+                    &[
+                        Arg::P(mat.ptr()),
+                        Arg::P(mat.row_bytes as u64),
+                        Arg::I(mat.rows as i32),
+                        Arg::I(mat.cols as i32),
+                        Arg::P(x),
+                        Arg::P(y),
+                        Arg::P(bias),
+                    ],
+                );
             }
         }
         if n == 1 {
@@ -1332,6 +1480,11 @@ impl CudaBackend {
 
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
     fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
+        if n == 1 && n < self.gemm_min {
+            if let Some((m, _)) = p.parts.iter().find(|(m, _)| self.uses_q8(m)) {
+                self.quantize_x(x, m.cols)?;
+            }
+        }
         for (mat, r0) in &p.parts {
             let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
             self.mm(mat, bias, x, n, y + *r0 as u64 * 4, ystride)?;
@@ -1479,13 +1632,18 @@ impl CudaBackend {
                     ],
                 )?;
             } else {
-                let (att_f, att_heads) = match gqa {
-                    Some(i) => (self.k.attention_gqa[i], d.n_kv_heads),
-                    None => (self.k.attention, d.n_heads),
+                let (att_f, att_heads, split) = match gqa {
+                    Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
+                    None if n <= ATT_SPLIT_MAX_TOKENS => {
+                        (self.k.attention, d.n_heads, self.att_split)
+                    }
+                    None => (self.k.attention, d.n_heads, 1),
                 };
+                // `attention` takes two more arguments than `attention_g*`
+                // (the split scratch); a launch reads only its kernel's own.
                 self.gpu.launch(
                     att_f,
-                    (att_heads as u32, n as u32, 1),
+                    (att_heads as u32, n as u32, split.max(1) as u32),
                     128,
                     &[
                         Arg::P(s.qkv.ptr),
@@ -1508,6 +1666,8 @@ impl CudaBackend {
                         Arg::F(d.attn_softcap.unwrap_or(0.0)),
                         Arg::P(s.att.ptr),
                         Arg::I(qd as i32),
+                        Arg::P(s.att_part.ptr),
+                        Arg::P(s.att_count.ptr),
                     ],
                 )?;
             }
@@ -1559,6 +1719,9 @@ impl CudaBackend {
             ],
         )?;
         let out = self.output.as_ref().unwrap_or(&self.embd);
+        if k == 1 && k < self.gemm_min && self.uses_q8(out) {
+            self.quantize_x(s.seln.ptr, hid)?;
+        }
         self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size)?;
         if let Some(c) = d.final_softcap {
             let total = k * d.vocab_size;
@@ -1671,7 +1834,7 @@ impl CudaBackend {
         }
         self.stage(batch, kv)?;
         for (i, p) in params[..k].iter().enumerate() {
-            self.host_samp[4 * i..4 * i + 4].copy_from_slice(&p.words());
+            self.host_samp[4 * i..4 * i + 4].copy_from_slice(&sampling_words(p));
         }
         self.gpu
             .upload_async(self.s.samp.ptr, &self.host_samp[..4 * k])?;
@@ -1730,6 +1893,25 @@ impl Backend for CudaBackend {
         self.gpu.sync()?;
         Ok(())
     }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn forward_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[GpuSampling],
+        ids: &mut [u32],
+    ) -> Result<()> {
+        let k = batch.n_logits();
+        if params.iter().take(k).all(|p| p.temperature <= 0.0) {
+            self.forward_greedy(batch, kv, ids)
+        } else {
+            self.forward_sample(batch, kv, params, ids)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1749,12 +1931,15 @@ mod tests {
     }
 
     #[test]
-    fn sampling_words() {
+    fn sampling_words_layout() {
         let p = GpuSampling {
             temperature: 0.5,
             top_k: 40,
             seed: 0x1234_5678_9abc_def0,
         };
-        assert_eq!(p.words(), [0.5f32.to_bits(), 40, 0x9abc_def0, 0x1234_5678]);
+        assert_eq!(
+            sampling_words(&p),
+            [0.5f32.to_bits(), 40, 0x9abc_def0, 0x1234_5678]
+        );
     }
 }

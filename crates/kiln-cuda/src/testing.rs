@@ -139,7 +139,10 @@ pub fn sample(
     let rows = params.len();
     gpu.bind()?;
     let dl = DevBuf::from_f32(&logits[..rows * cols])?;
-    let host: Vec<u32> = params.iter().flat_map(|p| p.words()).collect();
+    let host: Vec<u32> = params
+        .iter()
+        .flat_map(crate::backend::sampling_words)
+        .collect();
     let dp = DevBuf::from_bytes(
         &host
             .iter()
@@ -163,4 +166,99 @@ pub fn sample(
     gpu.download_async(&mut ids, dout.ptr)?;
     gpu.sync()?;
     Ok(ids)
+}
+
+/// The decode GEMV of `ty` as the backend runs it for one token: the 16-byte
+/// load kernel for float types, or `x` quantized to 8-bit blocks and the
+/// integer kernel for quantized ones. Returns `y` and, for the latter, the
+/// quantized activations (`q`, per-block `d`) the kernel used.
+pub type FastMatvec = (Vec<f32>, Option<(Vec<i8>, Vec<f32>)>);
+
+pub fn matvec_fast(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> CuResult<FastMatvec> {
+    let float = crate::backend::mvf_type_name(ty);
+    let quant = crate::backend::mvq_type_name(ty);
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let dx = DevBuf::from_f32(x)?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; rows])?;
+    let grid = (rows.div_ceil(8) as u32, 1, 1);
+    let mut xq = None;
+    if let Some(name) = float {
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        if row_bytes % 16 != 0 {
+            return Err(CudaError(format!(
+                "{cols} {ty} values are not a multiple of 16 bytes"
+            )));
+        }
+        let f = gpu.func(&format!("mvf_{name}"))?;
+        gpu.launch(
+            f,
+            grid,
+            256,
+            &[
+                Arg::P(dw.ptr),
+                Arg::P(row_bytes as u64),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::P(dx.ptr),
+                Arg::P(dy.ptr),
+                Arg::P(0),
+            ],
+        )?;
+    } else if let Some(name) = quant {
+        let nb = cols / 32;
+        let q = DevBuf::zeroed(cols)?;
+        let d = DevBuf::zeroed(nb * 4)?;
+        let s = DevBuf::zeroed(nb * 4)?;
+        let fq = gpu.func("quantize_q8")?;
+        gpu.launch(
+            fq,
+            (nb.div_ceil(8) as u32, 1, 1),
+            256,
+            &[
+                Arg::P(dx.ptr),
+                Arg::I(nb as i32),
+                Arg::P(q.ptr),
+                Arg::P(d.ptr),
+                Arg::P(s.ptr),
+            ],
+        )?;
+        let f = gpu.func(&format!("mvq_{name}"))?;
+        gpu.launch(
+            f,
+            grid,
+            256,
+            &[
+                Arg::P(dw.ptr),
+                Arg::P(row_bytes as u64),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::P(q.ptr),
+                Arg::P(d.ptr),
+                Arg::P(s.ptr),
+                Arg::P(dy.ptr),
+                Arg::P(0),
+            ],
+        )?;
+        let mut qb = vec![0u8; cols];
+        let mut db = vec![0.0f32; nb];
+        gpu.download_async(&mut qb, q.ptr)?;
+        gpu.download_async(&mut db, d.ptr)?;
+        gpu.sync()?;
+        xq = Some((qb.into_iter().map(|b| b as i8).collect(), db));
+    } else {
+        return Err(CudaError(format!("no fast decode GEMV for {ty}")));
+    }
+    let mut y = vec![0.0f32; rows];
+    gpu.download_async(&mut y, dy.ptr)?;
+    gpu.sync()?;
+    Ok((y, xq))
 }

@@ -1,0 +1,334 @@
+// One-token GEMV at the memory floor (decode). Two families:
+//
+// * float weights (F32/F16/BF16), f32 activations: a warp per row, each lane
+//   reading 16 bytes per step so that one load instruction of the warp covers
+//   512 consecutive bytes, MVF_UNROLL loads issued before the first is used
+//   (bytes in flight hide DRAM latency; the old kernel had ~4 warps per SM
+//   waiting on 64-byte units).
+// * quantized weights against activations quantized to 8 bits per 32 values
+//   (`quantize_q8`: d = amax / 127, q = round-half-even(x / d), s = d * Σq,
+//   the same arithmetic as kiln-cpu's QAct): integer dot products of 4 bytes
+//   at a time (`__dp4a`), then one float scale per unit. A warp per row,
+//   each lane one 32-value unit per step, two units in flight.
+
+// 16 bytes from global memory, not kept in L1 (weights are read once).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// A u32 at an address that is only 2-byte aligned (legacy 18/22/34/210-byte blocks).
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
+
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- float weights
+
+template <int T>
+__device__ __forceinline__ void dec16(uint4 v, float* w);
+
+template <>
+__device__ __forceinline__ void dec16<T_F32>(uint4 v, float* w) {
+    w[0] = __uint_as_float(v.x);
+    w[1] = __uint_as_float(v.y);
+    w[2] = __uint_as_float(v.z);
+    w[3] = __uint_as_float(v.w);
+}
+
+template <>
+__device__ __forceinline__ void dec16<T_F16>(uint4 v, float* w) {
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        w[2 * j] = h2f((u16)(a[j] & 0xffff));
+        w[2 * j + 1] = h2f((u16)(a[j] >> 16));
+    }
+}
+
+template <>
+__device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        w[2 * j] = __uint_as_float(a[j] << 16);
+        w[2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
+    }
+}
+
+#define MVF_UNROLL 8
+
+// Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
+// grid: ceil(rows / warps); block: warps * 32.
+template <int T>
+__device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                         const float* __restrict__ x, float* __restrict__ y,
+                                         const float* __restrict__ bias) {
+    constexpr int E = T == T_F32 ? 4 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+    int chunks = cols / E;
+    float acc = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+        uint4 wv[MVF_UNROLL];
+#pragma unroll
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = c0 + 32 * k;
+            if (c < chunks) wv[k] = ld_stream16(wr + c);
+        }
+#pragma unroll
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = c0 + 32 * k;
+            if (c < chunks) {
+                float w[E];
+                dec16<T>(wv[k], w);
+                const float4* xp = (const float4*)(x + (u64)c * E);
+#pragma unroll
+                for (int i = 0; i < E / 4; i++) {
+                    float4 v = __ldg(xp + i);
+                    acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+}
+
+#define MVF(TNAME, T)                                                                              \
+    extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
+                                           const float* x, float* y, const float* bias) {           \
+        mvf_impl<T>(W, row_bytes, rows, cols, x, y, bias);                                          \
+    }
+
+MVF(f32, T_F32)
+MVF(f16, T_F16)
+MVF(bf16, T_BF16)
+
+// ---- 8-bit activations
+
+// x: nblocks blocks of 32 floats -> q (int8), d, s = d * Σq.
+// grid: ceil(nblocks / 8); block: 256 (a warp per block).
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, int nblocks, i8* __restrict__ q,
+                                       float* __restrict__ d, float* __restrict__ s) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (b >= nblocks) return;
+    float v = x[(u64)b * 32 + lane];
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.0f;
+    float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int qi = __float2int_rn(v * id);
+    q[(u64)b * 32 + lane] = (i8)qi;
+    int sum = warp_sum_i(qi);
+    if (lane == 0) {
+        d[b] = dd;
+        s[b] = dd * (float)sum;
+    }
+}
+
+// Σ over unit u of a row: w · x, where x = dx * xv (xv: the unit's 32 int8
+// activations as 8 words) and sx = dx * Σ xv.
+template <int T>
+__device__ __forceinline__ float qdot(const u8* __restrict__ row, int u, const int* xv, float dx, float sx);
+
+// { f16 d; u8 qs[16] }: w = d * (q - 8)
+template <>
+__device__ __forceinline__ float qdot<T_Q4_0>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + u * 18;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = ld_u32_a2(b + 2 + 4 * i);
+        s = __dp4a((int)(v & 0x0f0f0f0fu), xv[i], s);
+        s = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
+    }
+    return ld_h(b) * (dx * (float)s - 8.0f * sx);
+}
+
+// { f16 d; f16 m; u8 qs[16] }: w = d * q + m
+template <>
+__device__ __forceinline__ float qdot<T_Q4_1>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + u * 20;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = *(const u32*)(b + 4 + 4 * i);
+        s = __dp4a((int)(v & 0x0f0f0f0fu), xv[i], s);
+        s = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
+    }
+    return ld_h(b) * dx * (float)s + ld_h(b + 2) * sx;
+}
+
+// Bits 0..3 of h moved to bit 4 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+// { f16 d; u32 qh; u8 qs[16] }: w = d * (q - 16)
+template <>
+__device__ __forceinline__ float qdot<T_Q5_0>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + u * 22;
+    u32 qh = ld_u32_a2(b + 2);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = ld_u32_a2(b + 6 + 4 * i);
+        s = __dp4a((int)((v & 0x0f0f0f0fu) | spread4(qh >> (4 * i))), xv[i], s);
+        s = __dp4a((int)(((v >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i))), xv[4 + i], s);
+    }
+    return ld_h(b) * (dx * (float)s - 16.0f * sx);
+}
+
+// { f16 d; f16 m; u32 qh; u8 qs[16] }: w = d * q + m
+template <>
+__device__ __forceinline__ float qdot<T_Q5_1>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + u * 24;
+    u32 qh = *(const u32*)(b + 4);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = *(const u32*)(b + 8 + 4 * i);
+        s = __dp4a((int)((v & 0x0f0f0f0fu) | spread4(qh >> (4 * i))), xv[i], s);
+        s = __dp4a((int)(((v >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i))), xv[4 + i], s);
+    }
+    return ld_h(b) * dx * (float)s + ld_h(b + 2) * sx;
+}
+
+// { f16 d; i8 qs[32] }: w = d * q
+template <>
+__device__ __forceinline__ float qdot<T_Q8_0>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + u * 34;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = __dp4a((int)ld_u32_a2(b + 2 + 4 * i), xv[i], s);
+    return ld_h(b) * dx * (float)s;
+}
+
+// get_scale_min_k4 as integers.
+__device__ __forceinline__ void k4_scale_i(const u8* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }: w = d * sc * q - dmin * m
+template <>
+__device__ __forceinline__ float qdot<T_Q4_K>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 144;
+    int j = u & 7;
+    int sc, m;
+    k4_scale_i(b + 4, j, &sc, &m);
+    uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32);
+    uint4 q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
+    u32 a[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    int shift = 4 * (j & 1);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) s = __dp4a((int)((a[k] >> shift) & 0x0f0f0f0fu), xv[k], s);
+    return ld_h(b) * (float)sc * dx * (float)s - ld_h(b + 2) * (float)m * sx;
+}
+
+// { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }
+template <>
+__device__ __forceinline__ float qdot<T_Q5_K>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 176;
+    int j = u & 7;
+    int sc, m;
+    k4_scale_i(b + 4, j, &sc, &m);
+    uint4 q0 = *(const uint4*)(b + 48 + (j >> 1) * 32);
+    uint4 q1 = *(const uint4*)(b + 64 + (j >> 1) * 32);
+    uint4 h0 = *(const uint4*)(b + 16);
+    uint4 h1 = *(const uint4*)(b + 32);
+    u32 a[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    u32 c[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    int shift = 4 * (j & 1);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 q = ((a[k] >> shift) & 0x0f0f0f0fu) | (((c[k] >> j) & 0x01010101u) << 4);
+        s = __dp4a((int)q, xv[k], s);
+    }
+    return ld_h(b) * (float)sc * dx * (float)s - ld_h(b + 2) * (float)m * sx;
+}
+
+// { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: w = d * sc * (q - 32), a scale per 16 values
+template <>
+__device__ __forceinline__ float qdot<T_Q6_K>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 210;
+    int j = u & 7;
+    int half = j >> 2, jj = j & 3;
+    const u8* ql = b + half * 64 + (jj & 1) * 32;
+    const u8* qh = b + 128 + half * 32;
+    int ls = 4 * (jj >> 1), hs = 2 * jj;
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 lv = ld_u32_a2(ql + 4 * k), hv = ld_u32_a2(qh + 4 * k);
+        u32 q = ((lv >> ls) & 0x0f0f0f0fu) | (((hv >> hs) & 0x03030303u) << 4);
+        int qs = (int)__vsub4(q, 0x20202020u);
+        if (k < 4)
+            s0 = __dp4a(qs, xv[k], s0);
+        else
+            s1 = __dp4a(qs, xv[k], s1);
+    }
+    int sc0 = (int)(i8)b[192 + 2 * j], sc1 = (int)(i8)b[193 + 2 * j];
+    return ld_h(b + 208) * dx * (float)(sc0 * s0 + sc1 * s1);
+}
+
+#define MVQ_UNROLL 2
+
+// y[r] = W[r] . x + bias[r] with x given as 8-bit blocks (xq, xd, xs), cols % 32 == 0
+// (% 256 for the k-quants). grid: ceil(rows / warps); block: warps * 32.
+template <int T>
+__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                         const i8* __restrict__ xq, const float* __restrict__ xd,
+                                         const float* __restrict__ xs, float* __restrict__ y,
+                                         const float* __restrict__ bias) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    const u8* row = W + (u64)r * row_bytes;
+    int units = cols >> 5;
+    float acc = 0.0f;
+    for (int u0 = lane; u0 < units; u0 += 32 * MVQ_UNROLL) {
+#pragma unroll
+        for (int k = 0; k < MVQ_UNROLL; k++) {
+            int u = u0 + 32 * k;
+            if (u < units) {
+                const int4* xp = (const int4*)(xq + (u64)u * 32);
+                int4 a = __ldg(xp), c = __ldg(xp + 1);
+                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                acc += qdot<T>(row, u, xv, __ldg(xd + u), __ldg(xs + u));
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+}
+
+#define MVQ(TNAME, T)                                                                                 \
+    extern "C" __global__ void mvq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
+                                           const float* xd, const float* xs, float* y, const float* bias) { \
+        mvq_impl<T>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                     \
+    }
+
+MVQ(q4_0, T_Q4_0)
+MVQ(q4_1, T_Q4_1)
+MVQ(q5_0, T_Q5_0)
+MVQ(q5_1, T_Q5_1)
+MVQ(q8_0, T_Q8_0)
+MVQ(q4_k, T_Q4_K)
+MVQ(q5_k, T_Q5_K)
+MVQ(q6_k, T_Q6_K)
