@@ -1,20 +1,37 @@
 """Bounded load test for `kiln serve` (standard library only).
 
+Against a running server:
+
     python tests/server/load_test.py --url http://127.0.0.1:8080 --concurrency 1,4,8 \
         --requests 16 --max-tokens 32 [--pid SERVER_PID]
 
+or starting one (on a free loopback port; stopped with SIGTERM at the end,
+which must exit 0):
+
+    python tests/server/load_test.py --kiln target/release/kiln --model MODEL.gguf \
+        --server-args "--parallel 64 -t 2" --concurrency 1,8,32,64 --requests-per-stream 4
+
 For each concurrency level C it runs C client threads issuing `--requests`
-streamed chat requests in total (greedy, ignore_eos so every reply has
-exactly max_tokens tokens) and reports requests/s, TTFT p50/p99 and aggregate
-generated tokens/s. It checks that every response completes with the right
-token count, that each greedy reply equals the reply to the same prompt sent
-alone, and (with --pid) that the server's RSS does not grow between levels
-by more than --rss-slack-mib. Exit status 1 on any failed check.
+(or C × `--requests-per-stream`) streamed chat requests in total (greedy,
+ignore_eos so every reply has exactly max_tokens tokens) over `--prompts`
+distinct prompts, and reports requests/s, TTFT p50/p99, aggregate generated
+tokens/s, and the load average. It checks that every response completes
+(`[DONE]`, finish_reason "length") with the right token count, that each
+greedy reply equals the reply to the same prompt sent alone, and (with --pid
+or --kiln) that the server's RSS, sampled during every level, does not grow
+by more than --rss-slack-mib in a level no larger than an earlier one
+(repeat a level to test it: `--concurrency 1,8,32,64,64`). Exit status 1 on any
+failed check.
 """
 
 import argparse
 import http.client
 import json
+import os
+import re
+import shlex
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -32,8 +49,14 @@ PROMPTS = [
 ]
 
 
+def prompt_set(n):
+    """`n` distinct prompts: the base ones, then numbered variants."""
+    return [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (variant {i // len(PROMPTS)})")
+            for i in range(n)]
+
+
 def stream_chat(host, port, prompt, max_tokens):
-    """Returns (ttft_s, total_s, text, completion_tokens)."""
+    """Returns (ttft_s, total_s, text, completion_tokens, finish_reasons)."""
     body = json.dumps({
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
@@ -45,7 +68,7 @@ def stream_chat(host, port, prompt, max_tokens):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"status {resp.status}: {resp.read()[:200]!r}")
-    ttft, text, usage, done = None, "", None, False
+    ttft, text, usage, done, finish = None, "", None, False, []
     buf = b""
     while not done:
         chunk = resp.read1(65536)
@@ -64,7 +87,11 @@ def stream_chat(host, port, prompt, max_tokens):
             v = json.loads(data)
             if v.get("usage"):
                 usage = v["usage"]
+            if "error" in v:
+                raise RuntimeError(f"error event: {v['error']}")
             for ch in v.get("choices", []):
+                if ch.get("finish_reason"):
+                    finish.append(ch["finish_reason"])
                 piece = ch.get("delta", {}).get("content")
                 if piece:
                     if ttft is None:
@@ -73,7 +100,44 @@ def stream_chat(host, port, prompt, max_tokens):
     conn.close()
     if not done:
         raise RuntimeError("stream ended without [DONE]")
-    return ttft or 0.0, time.perf_counter() - t0, text, usage["completion_tokens"] if usage else -1
+    return (ttft or 0.0, time.perf_counter() - t0, text,
+            usage["completion_tokens"] if usage else -1, finish)
+
+
+def start_server(kiln, model, extra):
+    """Starts `kiln serve` on a free loopback port; returns (process, host, port)."""
+    cmd = [kiln, "serve", model, "--host", "127.0.0.1", "--port", "0"] + shlex.split(extra)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        m = re.search(r"on http://([0-9.]+):([0-9]+)", line)
+        if m:
+            # Keep draining stderr so the server never blocks on it.
+            threading.Thread(target=lambda: [sys.stderr.write(x) for x in proc.stderr],
+                             daemon=True).start()
+            return proc, m.group(1), int(m.group(2))
+    proc.wait()
+    sys.exit(f"kiln serve exited ({proc.returncode}) before serving: {' '.join(cmd)}")
+
+
+class RssSampler:
+    """Largest RSS of `pid` seen while running (sampled every 50 ms)."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, rss_mib(self.pid))
+            self.stop.wait(0.05)
+
+    def done(self):
+        self.stop.set()
+        self.t.join()
+        return max(self.peak, rss_mib(self.pid))
 
 
 def rss_mib(pid):
@@ -93,27 +157,60 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=16, help="requests per level")
+    ap.add_argument("--requests-per-stream", type=int,
+                    help="requests per level = this × the level's streams (overrides --requests)")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="distinct prompts")
     ap.add_argument("--pid", type=int)
+    ap.add_argument("--kiln", help="start this kiln binary's server instead of using --url")
+    ap.add_argument("--model", help="model for --kiln")
+    ap.add_argument("--server-args", default="", help="more `kiln serve` arguments for --kiln")
     ap.add_argument("--rss-slack-mib", type=float, default=64)
     a = ap.parse_args()
-    u = urllib.parse.urlparse(a.url)
-    host, port = u.hostname, u.port or 80
+    proc = None
+    if a.kiln:
+        if not a.model:
+            sys.exit("--kiln needs --model")
+        proc, host, port = start_server(a.kiln, a.model, a.server_args)
+        a.pid = proc.pid
+    else:
+        u = urllib.parse.urlparse(a.url)
+        host, port = u.hostname, u.port or 80
     if host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("load_test.py only talks to a loopback server")
-    ok = True
+    try:
+        ok = run_levels(a, host, port)
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "killed after 120 s"
+    if proc:
+        print(f"server stopped on SIGTERM with status {rc}")
+        if rc != 0:
+            ok = False
+    print("load test passed" if ok else "load test FAILED")
+    sys.exit(0 if ok else 1)
 
+
+def run_levels(a, host, port):
+    ok = True
+    prompts = prompt_set(max(1, a.prompts))
     reference = {}
-    for p in PROMPTS:
+    for p in prompts:
         reference[p] = stream_chat(host, port, p, a.max_tokens)[2]
     rss = [rss_mib(a.pid)] if a.pid else []
-    print("| streams | requests | req/s | TTFT p50 (ms) | TTFT p99 (ms) | aggregate tok/s |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| streams | requests | req/s | TTFT p50 (ms) | TTFT p99 (ms) | aggregate tok/s | load avg (1 min) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for c in [int(x) for x in a.concurrency.split(",")]:
+        n_req = a.requests_per_stream * c if a.requests_per_stream else a.requests
         results, errors = [], []
         lock = threading.Lock()
-        counter = iter(range(a.requests))
+        counter = iter(range(n_req))
 
         def worker():
             while True:
@@ -121,7 +218,7 @@ def main():
                     i = next(counter, None)
                 if i is None:
                     return
-                p = PROMPTS[i % len(PROMPTS)]
+                p = prompts[i % len(prompts)]
                 try:
                     r = stream_chat(host, port, p, a.max_tokens)
                     with lock:
@@ -130,6 +227,7 @@ def main():
                     with lock:
                         errors.append(repr(e))
 
+        sampler = RssSampler(a.pid) if a.pid else None
         t0 = time.perf_counter()
         ts = [threading.Thread(target=worker) for _ in range(c)]
         for t in ts:
@@ -137,31 +235,42 @@ def main():
         for t in ts:
             t.join()
         wall = time.perf_counter() - t0
-        if errors or len(results) != a.requests:
-            print(f"FAIL c={c}: {len(results)} of {a.requests} completed; errors: {errors[:3]}")
+        load1 = os.getloadavg()[0]
+        if sampler:
+            rss.append(sampler.done())
+        if errors or len(results) != n_req:
+            print(f"FAIL c={c}: {len(results)} of {n_req} completed; errors: {errors[:3]}")
             ok = False
             continue
-        bad_count = [r for _, r in results if r[3] != a.max_tokens]
+        bad_count = [r for _, r in results if r[3] != a.max_tokens or r[4] != ["length"]]
         mismatch = [p for p, r in results if r[2] != reference[p]]
         if bad_count:
-            print(f"FAIL c={c}: {len(bad_count)} replies without {a.max_tokens} tokens")
+            print(f"FAIL c={c}: {len(bad_count)} replies without {a.max_tokens} tokens "
+                  f"and finish_reason length")
             ok = False
         if mismatch:
             print(f"FAIL c={c}: {len(mismatch)} greedy replies differ from the single-request reply")
             ok = False
         ttfts = [r[0] * 1e3 for _, r in results]
         toks = sum(r[3] for _, r in results)
-        print(f"| {c} | {a.requests} | {a.requests / wall:.2f} | {pct(ttfts, 50):.0f} | "
-              f"{pct(ttfts, 99):.0f} | {toks / wall:.1f} |", flush=True)
-        if a.pid:
-            rss.append(rss_mib(a.pid))
+        print(f"| {c} | {n_req} | {n_req / wall:.2f} | {pct(ttfts, 50):.0f} | "
+              f"{pct(ttfts, 99):.0f} | {toks / wall:.1f} | {load1:.1f} |", flush=True)
     if a.pid:
-        print(f"server RSS (MiB) after warm-up and each level: {', '.join(f'{x:.0f}' for x in rss)}")
-        if max(rss) - rss[0] > a.rss_slack_mib:
-            print(f"FAIL: RSS grew by {max(rss) - rss[0]:.0f} MiB")
-            ok = False
-    print("load test passed" if ok else "load test FAILED")
-    sys.exit(0 if ok else 1)
+        print(f"server RSS (MiB) after the single-request warm-up, then the peak during each level: "
+              f"{', '.join(f'{x:.0f}' for x in rss)}")
+        # Memory may grow while levels get larger (more of the preallocated
+        # KV pool and scratch touched), but a level no larger than an
+        # earlier one (e.g. `--concurrency 1,8,64,64`) must stay within the
+        # slack of what was already reached.
+        levels = [int(x) for x in a.concurrency.split(",")]
+        for i, c in enumerate(levels):
+            if i + 1 < len(rss) and any(p >= c for p in levels[:i]):
+                before = max(rss[: i + 1])
+                if rss[i + 1] - before > a.rss_slack_mib:
+                    print(f"FAIL: RSS grew from {before:.0f} to {rss[i + 1]:.0f} MiB "
+                          f"in a repeated level of {c} streams")
+                    ok = False
+    return ok
 
 
 if __name__ == "__main__":

@@ -563,6 +563,9 @@ impl Gen {
         let tok = Arc::clone(&self.st.tok);
         let mut choices = self.choices(&tok);
         let mut left = choices.len();
+        // A client that hangs up before the answer: hyper drops this future
+        // (it sees the connection close), and with it `rx`; the engine sees
+        // that and cancels the request's sequences, freeing their KV.
         while left > 0 {
             let Some(ev) = rx.recv().await else {
                 return Err(ApiError::internal("the engine stopped"));
