@@ -165,93 +165,309 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     }
 }
 
-/// `make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta,
-/// nstep, use_mad)`; returns `(scale, the_min)`.
-#[allow(clippy::too_many_arguments)]
+/// ggml's `make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin,
+/// rdelta, nstep, use_mad)` for `K` independent groups of `N` values at once
+/// (`xt[i][k]` is value `i` of group `k`); returns `(scale, the_min)` per
+/// group. Every group goes through exactly the C function's operations in
+/// the same order
+/// (branches become per-lane selects), so the results are bit-identical;
+/// running the groups side by side only breaks the scalar version's
+/// dependency chains (and lets the compiler use SIMD across groups).
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[inline(always)]
-fn make_qkx2_quants<const N: usize>(
+fn make_qkx2_quants_lanes<const N: usize, const K: usize>(
     nmax: i32,
-    x: &[f32; N],
-    weights: &[f32; N],
-    l_out: &mut [u8; N],
+    xt: &[[f32; K]; N],
+    wt: &[[f32; K]; N],
+    l_out: &mut [[f32; K]; N],
     rmin: f32,
     rdelta: f32,
     nstep: i32,
     use_mad: bool,
-) -> (f32, f32) {
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
+) -> ([f32; K], [f32; K]) {
+    let mut min = xt[0];
+    let mut max = xt[0];
+    let mut sum_w = wt[0];
+    let mut sum_x = [0.0f32; K];
+    for k in 0..K {
+        sum_x[k] = sum_w[k] * xt[0][k];
+    }
     for i in 1..N {
-        if x[i] < min {
-            min = x[i];
+        for k in 0..K {
+            let x = xt[i][k];
+            min[k] = if x < min[k] { x } else { min[k] };
+            max[k] = if x > max[k] { x } else { max[k] };
+            sum_w[k] += wt[i][k];
+            sum_x[k] += wt[i][k] * x;
         }
-        if x[i] > max {
-            max = x[i];
+    }
+    for m in min.iter_mut() {
+        if *m > 0.0 {
+            *m = 0.0;
         }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        *l_out = [0; N];
-        return (0.0, -min);
-    }
+    // Groups with max == min return early in C (levels 0, scale 0, the
+    // min as it is now); here they run along and are overwritten at the end.
+    let flat: [bool; K] = std::array::from_fn(|k| max[k] == min[k]);
+    let min0 = min;
     let nmf = nmax as f32;
     let err = |d: f32| if use_mad { d.abs() } else { d * d };
-    let mut iscale = nmf / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
+    let mut scale = [0.0f32; K];
+    let mut iscale = [0.0f32; K];
+    for k in 0..K {
+        iscale[k] = nmf / (max[k] - min[k]);
+        scale[k] = 1.0 / iscale[k];
+    }
+    let mut best_error = [0.0f32; K];
     for i in 0..N {
-        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
-        let diff = err(scale * l as f32 + min - x[i]);
-        best_error += weights[i] * diff;
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    let mut laux = [0u8; N];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmf) / (max - min);
-        let mut sum_l = 0.0f32;
-        let mut sum_l2 = 0.0f32;
-        let mut sum_xl = 0.0f32;
-        for i in 0..N {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = l as u8;
-            let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+        for k in 0..K {
+            let l = nearest_int(iscale[k] * (xt[i][k] - min[k])).clamp(0, nmax);
+            l_out[i][k] = l as f32;
+            let diff = err(scale[k] * l_out[i][k] + min[k] - xt[i][k]);
+            best_error[k] += wt[i][k] * diff;
         }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+    }
+    if nstep >= 1 {
+        let mut laux = [[0.0f32; K]; N];
+        for is in 0..=nstep {
+            let num = rmin + rdelta * is as f32 + nmf;
+            for k in 0..K {
+                iscale[k] = num / (max[k] - min[k]);
             }
-            let mut cur_error = 0.0f32;
+            let mut sum_l = [0.0f32; K];
+            let mut sum_l2 = [0.0f32; K];
+            let mut sum_xl = [0.0f32; K];
             for i in 0..N {
-                let diff = err(this_scale * laux[i] as f32 + this_min - x[i]);
-                cur_error += weights[i] * diff;
+                for k in 0..K {
+                    let l = nearest_int(iscale[k] * (xt[i][k] - min[k])).clamp(0, nmax);
+                    let lf = l as f32;
+                    laux[i][k] = lf;
+                    let w = wt[i][k];
+                    sum_l[k] += w * lf;
+                    sum_l2[k] += w * lf * lf;
+                    sum_xl[k] += w * lf * xt[i][k];
+                }
             }
-            if cur_error < best_error {
-                *l_out = laux;
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+            let mut ok = [false; K];
+            let mut this_scale = [0.0f32; K];
+            let mut this_min = [0.0f32; K];
+            for k in 0..K {
+                let d = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k];
+                ok[k] = d > 0.0;
+                let ts = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / d;
+                let tm = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / d;
+                let pos = tm > 0.0;
+                this_min[k] = if pos { 0.0 } else { tm };
+                this_scale[k] = if pos { sum_xl[k] / sum_l2[k] } else { ts };
+            }
+            if !ok.iter().any(|&b| b) {
+                continue;
+            }
+            let mut cur_error = [0.0f32; K];
+            for i in 0..N {
+                for k in 0..K {
+                    let diff = err(this_scale[k] * laux[i][k] + this_min[k] - xt[i][k]);
+                    cur_error[k] += wt[i][k] * diff;
+                }
+            }
+            let better: [bool; K] = std::array::from_fn(|k| ok[k] && cur_error[k] < best_error[k]);
+            if !better.iter().any(|&b| b) {
+                continue;
+            }
+            for i in 0..N {
+                for k in 0..K {
+                    l_out[i][k] = if better[k] { laux[i][k] } else { l_out[i][k] };
+                }
+            }
+            for k in 0..K {
+                if better[k] {
+                    best_error[k] = cur_error[k];
+                    scale[k] = this_scale[k];
+                    min[k] = this_min[k];
+                }
             }
         }
     }
-    (scale, -min)
+    for k in 0..K {
+        if flat[k] {
+            scale[k] = 0.0;
+            min[k] = min0[k];
+            for row in l_out.iter_mut() {
+                row[k] = 0.0;
+            }
+        }
+    }
+    (scale, min.map(|m| -m))
+}
+
+/// [`make_qkx2_quants_lanes`] for 8 groups: explicit AVX2 where the CPU has
+/// it (the same lane-wise IEEE operations, so the same bits), the portable
+/// version otherwise.
+#[allow(clippy::too_many_arguments)]
+fn qkx2_8<const N: usize>(
+    nmax: i32,
+    xt: &[[f32; 8]; N],
+    wt: &[[f32; 8]; N],
+    l_out: &mut [[f32; 8]; N],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> ([f32; 8], [f32; 8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2::qkx2_8(nmax, xt, wt, l_out, rmin, rdelta, nstep, use_mad) };
+    }
+    make_qkx2_quants_lanes(nmax, xt, wt, l_out, rmin, rdelta, nstep, use_mad)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! `make_qkx2_quants` on 8 groups in AVX2 registers, operation for
+    //! operation as [`super::make_qkx2_quants_lanes`] (no FMA: every
+    //! product is rounded before it is added, as in the C reference).
+
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn ld(a: &[f32; 8]) -> __m256 {
+        _mm256_loadu_ps(a.as_ptr())
+    }
+
+    #[inline(always)]
+    unsafe fn st(a: &mut [f32; 8], v: __m256) {
+        _mm256_storeu_ps(a.as_mut_ptr(), v)
+    }
+
+    /// `clamp(nearest_int(v), 0, nmax)` as f32, per lane.
+    #[inline(always)]
+    unsafe fn level(v: __m256, nmax: __m256i) -> __m256 {
+        let b = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0)));
+        let i = _mm256_sub_epi32(
+            _mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)),
+            _mm256_set1_epi32(0x0040_0000),
+        );
+        let i = _mm256_min_epi32(_mm256_max_epi32(i, _mm256_setzero_si256()), nmax);
+        _mm256_cvtepi32_ps(i)
+    }
+
+    #[inline(always)]
+    unsafe fn err(d: __m256, use_mad: bool) -> __m256 {
+        if use_mad {
+            _mm256_andnot_ps(_mm256_set1_ps(-0.0), d)
+        } else {
+            _mm256_mul_ps(d, d)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn qkx2_8<const N: usize>(
+        nmax: i32,
+        xt: &[[f32; 8]; N],
+        wt: &[[f32; 8]; N],
+        l_out: &mut [[f32; 8]; N],
+        rmin: f32,
+        rdelta: f32,
+        nstep: i32,
+        use_mad: bool,
+    ) -> ([f32; 8], [f32; 8]) {
+        let zero = _mm256_setzero_ps();
+        let nmax_i = _mm256_set1_epi32(nmax);
+        let nmf = nmax as f32;
+        let mut min = ld(&xt[0]);
+        let mut max = min;
+        let mut sum_w = ld(&wt[0]);
+        let mut sum_x = _mm256_mul_ps(sum_w, min);
+        for i in 1..N {
+            let x = ld(&xt[i]);
+            let w = ld(&wt[i]);
+            // minps(a, b) = a < b ? a : b: exactly `if x < min { min = x }`.
+            min = _mm256_min_ps(x, min);
+            max = _mm256_max_ps(x, max);
+            sum_w = _mm256_add_ps(sum_w, w);
+            sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(w, x));
+        }
+        min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps::<_CMP_GT_OQ>(min, zero));
+        let flat = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, min);
+        let min0 = min;
+        let mut iscale = _mm256_div_ps(_mm256_set1_ps(nmf), _mm256_sub_ps(max, min));
+        let mut scale = _mm256_div_ps(_mm256_set1_ps(1.0), iscale);
+        let mut best = zero;
+        for i in 0..N {
+            let x = ld(&xt[i]);
+            let l = level(_mm256_mul_ps(iscale, _mm256_sub_ps(x, min)), nmax_i);
+            st(&mut l_out[i], l);
+            let d = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, l), min), x);
+            best = _mm256_add_ps(best, _mm256_mul_ps(ld(&wt[i]), err(d, use_mad)));
+        }
+        if nstep >= 1 {
+            let mut laux = [zero; N];
+            for is in 0..=nstep {
+                let num = rmin + rdelta * is as f32 + nmf;
+                iscale = _mm256_div_ps(_mm256_set1_ps(num), _mm256_sub_ps(max, min));
+                let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
+                for i in 0..N {
+                    let x = ld(&xt[i]);
+                    let w = ld(&wt[i]);
+                    let l = level(_mm256_mul_ps(iscale, _mm256_sub_ps(x, min)), nmax_i);
+                    laux[i] = l;
+                    let wl = _mm256_mul_ps(w, l);
+                    sum_l = _mm256_add_ps(sum_l, wl);
+                    sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
+                    sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, x));
+                }
+                let d = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+                let ok = _mm256_cmp_ps::<_CMP_GT_OQ>(d, zero);
+                if _mm256_movemask_ps(ok) == 0 {
+                    continue;
+                }
+                let ts = _mm256_div_ps(
+                    _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)),
+                    d,
+                );
+                let tm = _mm256_div_ps(
+                    _mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)),
+                    d,
+                );
+                let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(tm, zero);
+                let this_min = _mm256_blendv_ps(tm, zero, pos);
+                let this_scale = _mm256_blendv_ps(ts, _mm256_div_ps(sum_xl, sum_l2), pos);
+                let mut cur = zero;
+                for i in 0..N {
+                    let x = ld(&xt[i]);
+                    let e = _mm256_sub_ps(
+                        _mm256_add_ps(_mm256_mul_ps(this_scale, laux[i]), this_min),
+                        x,
+                    );
+                    cur = _mm256_add_ps(cur, _mm256_mul_ps(ld(&wt[i]), err(e, use_mad)));
+                }
+                let better = _mm256_and_ps(ok, _mm256_cmp_ps::<_CMP_LT_OQ>(cur, best));
+                if _mm256_movemask_ps(better) == 0 {
+                    continue;
+                }
+                for i in 0..N {
+                    let v = _mm256_blendv_ps(ld(&l_out[i]), laux[i], better);
+                    st(&mut l_out[i], v);
+                }
+                best = _mm256_blendv_ps(best, cur, better);
+                scale = _mm256_blendv_ps(scale, this_scale, better);
+                min = _mm256_blendv_ps(min, this_min, better);
+            }
+        }
+        for row in l_out.iter_mut() {
+            let v = _mm256_blendv_ps(ld(row), zero, flat);
+            st(row, v);
+        }
+        scale = _mm256_blendv_ps(scale, zero, flat);
+        min = _mm256_blendv_ps(min, min0, flat);
+        let mut sc = [0.0f32; 8];
+        let mut mn = [0.0f32; 8];
+        st(&mut sc, scale);
+        st(&mut mn, _mm256_xor_ps(min, _mm256_set1_ps(-0.0)));
+        (sc, mn)
+    }
 }
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min.
@@ -285,35 +501,40 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
 /// The shared part of `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref`:
 /// per-32 scales and mins, the 12 scale bytes, `d`, `dmin` and the final
 /// levels `l` (0..=nmax).
-fn q45_k(
-    x: &[f32],
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> ([u8; 12], u16, u16, [u8; QK_K]) {
+type Q45 = ([u8; 12], u16, u16, [u8; QK_K]);
+
+fn q45_k(x: &[f32], nmax: i32, rmin: f32, rdelta: f32, nstep: i32) -> Q45 {
+    let mut xt = [[0.0f32; 8]; 32];
+    for (j, sub) in x.chunks_exact(32).enumerate() {
+        for (i, &v) in sub.iter().enumerate() {
+            xt[i][j] = v;
+        }
+    }
+    let mut sum_x2 = [0.0f32; 8];
+    for row in &xt {
+        for k in 0..8 {
+            sum_x2[k] += row[k] * row[k];
+        }
+    }
+    let av_x = sum_x2.map(|s| (s / 32.0).sqrt());
+    let wt: [[f32; 8]; 32] =
+        std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
+    let mut lt = [[0.0f32; 8]; 32];
+    let (scales, mins) = qkx2_8(nmax, &xt, &wt, &mut lt, rmin, rdelta, nstep, false);
     let mut l = [0u8; QK_K];
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
+    for (i, row) in lt.iter().enumerate() {
+        for k in 0..8 {
+            l[32 * k + i] = row[k] as u8;
+        }
+    }
     let mut max_scale = 0.0f32;
     let mut max_min = 0.0f32;
     for j in 0..8 {
-        let xs: &[f32; 32] = x[32 * j..32 * j + 32].try_into().expect("32 values");
-        let mut sum_x2 = 0.0f32;
-        for &v in xs {
-            sum_x2 += v * v;
+        if scales[j] > max_scale {
+            max_scale = scales[j];
         }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-        let ls: &mut [u8; 32] = (&mut l[32 * j..32 * j + 32]).try_into().expect("32 levels");
-        let (s, m) = make_qkx2_quants(nmax, xs, &weights, ls, rmin, rdelta, nstep, false);
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
-        }
-        if m > max_min {
-            max_min = m;
+        if mins[j] > max_min {
+            max_min = mins[j];
         }
     }
     let inv_scale = if max_scale > 0.0 {
@@ -390,23 +611,40 @@ pub(super) fn q5_k(x: &[f32], o: &mut [u8]) {
 /// One Q2_K block: `scales[16] qs[64] d dmin`.
 pub(super) fn q2_k(x: &[f32], o: &mut [u8]) {
     debug_assert_eq!((x.len(), o.len()), (QK_K, 84));
-    let mut l = [0u8; QK_K];
+    let mut xt = [[0.0f32; 16]; 16];
+    for (j, sub) in x.chunks_exact(16).enumerate() {
+        for (i, &v) in sub.iter().enumerate() {
+            xt[i][j] = v;
+        }
+    }
+    let mut lt = [[0.0f32; 16]; 16];
     let mut scales = [0.0f32; 16];
     let mut mins = [0.0f32; 16];
+    for h in 0..2 {
+        let xh: [[f32; 8]; 16] = std::array::from_fn(|i| std::array::from_fn(|k| xt[i][8 * h + k]));
+        let wh: [[f32; 8]; 16] = std::array::from_fn(|i| xh[i].map(f32::abs));
+        let mut lh = [[0.0f32; 8]; 16];
+        let (sc, mn) = qkx2_8(3, &xh, &wh, &mut lh, -0.5, 0.1, 15, true);
+        scales[8 * h..8 * h + 8].copy_from_slice(&sc);
+        mins[8 * h..8 * h + 8].copy_from_slice(&mn);
+        for i in 0..16 {
+            lt[i][8 * h..8 * h + 8].copy_from_slice(&lh[i]);
+        }
+    }
+    let mut l = [0u8; QK_K];
+    for (i, row) in lt.iter().enumerate() {
+        for k in 0..16 {
+            l[16 * k + i] = row[k] as u8;
+        }
+    }
     let mut max_scale = 0.0f32;
     let mut max_min = 0.0f32;
     for j in 0..16 {
-        let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().expect("16 values");
-        let weights: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
-        let ls: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().expect("16 levels");
-        let (s, m) = make_qkx2_quants(3, xs, &weights, ls, -0.5, 0.1, 15, true);
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
+        if scales[j] > max_scale {
+            max_scale = scales[j];
         }
-        if m > max_min {
-            max_min = m;
+        if mins[j] > max_min {
+            max_min = mins[j];
         }
     }
     let q4scale = 15.0f32;
@@ -575,6 +813,48 @@ pub(super) fn q6_k(x: &[f32], o: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The portable lane version (used without AVX2) equals the dispatched
+    /// one (AVX2 here), including flat, zero, negative and huge groups.
+    #[test]
+    fn portable_lanes_equal_dispatched() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut r = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for case in 0..400 {
+            let mut xt = [[0.0f32; 8]; 32];
+            for (i, row) in xt.iter_mut().enumerate() {
+                for (k, v) in row.iter_mut().enumerate() {
+                    *v = match (case + k) % 6 {
+                        0 => r() * 0.02,
+                        1 => -1.5,
+                        2 => 0.0,
+                        3 => r() * 1e30,
+                        4 => r().abs() + 1.0,
+                        _ => r() * (i as f32 + 1.0),
+                    };
+                }
+            }
+            for (nmax, use_mad, rmin, rdelta, nstep) in [
+                (15, false, -1.0, 0.1, 20),
+                (31, false, -0.5, 0.1, 15),
+                (3, true, -0.5, 0.1, 15),
+            ] {
+                let wt: [[f32; 8]; 32] = std::array::from_fn(|i| xt[i].map(|v| v.abs() + 0.1));
+                let (mut la, mut lb) = ([[0.0f32; 8]; 32], [[0.0f32; 8]; 32]);
+                let a =
+                    make_qkx2_quants_lanes(nmax, &xt, &wt, &mut la, rmin, rdelta, nstep, use_mad);
+                let b = qkx2_8(nmax, &xt, &wt, &mut lb, rmin, rdelta, nstep, use_mad);
+                let bits = |v: ([f32; 8], [f32; 8])| (v.0.map(f32::to_bits), v.1.map(f32::to_bits));
+                assert_eq!(bits(a), bits(b), "case {case} nmax {nmax}");
+                assert_eq!(la, lb, "case {case} nmax {nmax}");
+            }
+        }
+    }
 
     #[test]
     fn fp16_matches_half_on_finite_values() {
