@@ -468,6 +468,92 @@ mod avx2 {
         st(&mut mn, _mm256_xor_ps(min, _mm256_set1_ps(-0.0)));
         (sc, mn)
     }
+
+    /// `make_qx_quants(16, nmax, x, L, rmse_type = 1, NULL)` on 8 groups
+    /// (`xt[i][k]` is value `i` of group `k`): returns the scales and the
+    /// levels `L` (`0..2*nmax`, 0 for an all-zero group).
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn qx_8(nmax: i32, xt: &[[f32; 8]; 16]) -> ([f32; 8], [[i8; 8]; 16]) {
+        let zero = _mm256_setzero_ps();
+        let sign = _mm256_set1_ps(-0.0);
+        let lo = _mm256_set1_epi32(-nmax);
+        let hi = _mm256_set1_epi32(nmax - 1);
+        let nmf = nmax as f32;
+        let mut max = zero;
+        let mut amax = zero;
+        for row in xt {
+            let v = ld(row);
+            let ax = _mm256_andnot_ps(sign, v);
+            let m = _mm256_cmp_ps::<_CMP_GT_OQ>(ax, amax);
+            amax = _mm256_blendv_ps(amax, ax, m);
+            max = _mm256_blendv_ps(max, v, m);
+        }
+        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(amax, _mm256_set1_ps(super::GROUP_MAX_EPS));
+        let levels = |iscale: __m256, l: &mut [__m256; 16]| -> (__m256, __m256) {
+            let (mut sumlx, mut suml2) = (zero, zero);
+            for i in 0..16 {
+                let v = ld(&xt[i]);
+                let b = _mm256_castps_si256(_mm256_add_ps(
+                    _mm256_mul_ps(iscale, v),
+                    _mm256_set1_ps(12582912.0),
+                ));
+                let q = _mm256_sub_epi32(
+                    _mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)),
+                    _mm256_set1_epi32(0x0040_0000),
+                );
+                let lf = _mm256_cvtepi32_ps(_mm256_min_epi32(_mm256_max_epi32(q, lo), hi));
+                l[i] = lf;
+                let w = _mm256_mul_ps(v, v);
+                sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, v), lf));
+                suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, lf), lf));
+            }
+            (sumlx, suml2)
+        };
+        let mut l = [zero; 16];
+        let mut laux = [zero; 16];
+        let (sumlx, suml2) = levels(_mm256_div_ps(_mm256_set1_ps(-nmf), max), &mut l);
+        let nz = _mm256_cmp_ps::<_CMP_NEQ_UQ>(suml2, zero);
+        let mut scale = _mm256_and_ps(nz, _mm256_div_ps(sumlx, suml2));
+        let mut best = _mm256_mul_ps(scale, sumlx);
+        for is in -9..=9 {
+            if is == 0 {
+                continue;
+            }
+            let iscale = _mm256_div_ps(_mm256_set1_ps(-(nmf + 0.1f32 * is as f32)), max);
+            let (sumlx, suml2) = levels(iscale, &mut laux);
+            let better = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GT_OQ>(suml2, zero),
+                _mm256_cmp_ps::<_CMP_GT_OQ>(
+                    _mm256_mul_ps(sumlx, sumlx),
+                    _mm256_mul_ps(best, suml2),
+                ),
+            );
+            if _mm256_movemask_ps(better) == 0 {
+                continue;
+            }
+            for i in 0..16 {
+                l[i] = _mm256_blendv_ps(l[i], laux[i], better);
+            }
+            let sc = _mm256_div_ps(sumlx, suml2);
+            scale = _mm256_blendv_ps(scale, sc, better);
+            best = _mm256_blendv_ps(best, _mm256_mul_ps(sc, sumlx), better);
+        }
+        scale = _mm256_blendv_ps(scale, zero, tiny);
+        let mut out = [[0i8; 8]; 16];
+        let off = _mm256_set1_ps(nmf);
+        for i in 0..16 {
+            let mut v = [0.0f32; 8];
+            st(
+                &mut v,
+                _mm256_blendv_ps(_mm256_add_ps(l[i], off), zero, tiny),
+            );
+            out[i] = v.map(|f| f as i8);
+        }
+        let mut sc = [0.0f32; 8];
+        st(&mut sc, scale);
+        (sc, out)
+    }
 }
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min.
@@ -757,6 +843,34 @@ pub(super) fn q3_k(x: &[f32], o: &mut [u8]) {
     rest[76..78].copy_from_slice(&d.to_le_bytes());
 }
 
+/// [`make_qx_quants`] (rmse_type 1) on the 16 groups of 16 values of a
+/// super-block: AVX2 (8 groups at a time, same bits) where present.
+fn qx_16x16(nmax: i32, x: &[f32], scales: &mut [f32; 16], l: &mut [i8; QK_K]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        for h in 0..2 {
+            let xt: [[f32; 8]; 16] =
+                std::array::from_fn(|i| std::array::from_fn(|k| x[16 * (8 * h + k) + i]));
+            // SAFETY: the CPU has AVX2.
+            let (sc, lv) = unsafe { avx2::qx_8(nmax, &xt) };
+            scales[8 * h..8 * h + 8].copy_from_slice(&sc);
+            for (i, row) in lv.iter().enumerate() {
+                for k in 0..8 {
+                    l[16 * (8 * h + k) + i] = row[k];
+                }
+            }
+        }
+        return;
+    }
+    for ib in 0..16 {
+        scales[ib] = make_qx_quants(
+            nmax,
+            &x[16 * ib..16 * ib + 16],
+            &mut l[16 * ib..16 * ib + 16],
+        );
+    }
+}
+
 /// One Q6_K block: `ql[128] qh[64] scales[16] d`.
 pub(super) fn q6_k(x: &[f32], o: &mut [u8]) {
     debug_assert_eq!((x.len(), o.len()), (QK_K, 210));
@@ -764,9 +878,9 @@ pub(super) fn q6_k(x: &[f32], o: &mut [u8]) {
     let mut scales = [0.0f32; QK_K / 16];
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
+    qx_16x16(32, x, &mut scales, &mut l);
     for ib in 0..QK_K / 16 {
-        let s = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
-        scales[ib] = s;
+        let s = scales[ib];
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();
             max_scale = s;
@@ -853,6 +967,41 @@ mod tests {
                 assert_eq!(bits(a), bits(b), "case {case} nmax {nmax}");
                 assert_eq!(la, lb, "case {case} nmax {nmax}");
             }
+        }
+    }
+
+    /// Q6_K's groups: the scalar `make_qx_quants` equals the dispatched one.
+    #[test]
+    fn qx_scalar_equals_dispatched() {
+        let mut s = 0x9e37_79b9u64;
+        let mut r = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for case in 0..300 {
+            let x: Vec<f32> = (0..QK_K)
+                .map(|i| match (case + i / 16) % 5 {
+                    0 => r() * 0.02,
+                    1 => 0.0,
+                    2 => 0.75,
+                    3 => r() * 1e-20,
+                    _ => r() * (1 + i % 7) as f32,
+                })
+                .collect();
+            let (mut sa, mut la) = ([0.0f32; 16], [0i8; QK_K]);
+            qx_16x16(32, &x, &mut sa, &mut la);
+            let mut lb = [0i8; QK_K];
+            for ib in 0..16 {
+                let sb = make_qx_quants(
+                    32,
+                    &x[16 * ib..16 * ib + 16],
+                    &mut lb[16 * ib..16 * ib + 16],
+                );
+                assert_eq!(sa[ib].to_bits(), sb.to_bits(), "case {case} group {ib}");
+            }
+            assert_eq!(la, lb, "case {case}");
         }
     }
 
