@@ -879,8 +879,7 @@ pub(super) fn q6_k(x: &[f32], o: &mut [u8]) {
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
     qx_16x16(32, x, &mut scales, &mut l);
-    for ib in 0..QK_K / 16 {
-        let s = scales[ib];
+    for &s in &scales {
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();
             max_scale = s;
