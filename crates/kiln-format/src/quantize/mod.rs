@@ -14,6 +14,12 @@
 //! output (vectors made through ctypes from llama-cpp-python's
 //! libggml-base, built without FMA contraction).
 //!
+//! Speed: the K-quants' scale searches (`make_qkx2_quants` for Q2_K/Q4_K/Q5_K,
+//! `make_qx_quants` for Q6_K) run 8 sub-blocks side by side, in AVX2 where the
+//! CPU has it, doing per lane exactly the reference's operations; about
+//! 30-45 M values/s per core for Q2_K/Q4_K/Q5_K/Q6_K (Q3_K ~17 M, scalar).
+//! [`quantize_par`] splits a tensor over threads in whole blocks.
+//!
 //! Everything works on whole blocks: the input length must be a multiple of
 //! the type's block size ([`QuantError::Length`] otherwise). No input panics:
 //! NaN and infinite values give whatever the reference formulas give.
