@@ -1,5 +1,7 @@
 //! Sequences over a backend: chunked prefill, one-token decode for one or
-//! many sequences, and generation with stop tokens and limits.
+//! many sequences, mixed steps of several sequences' decode tokens and
+//! prefill chunks ([`Engine::step`], continuous batching), and generation
+//! with stop tokens and limits.
 //!
 //! Every buffer is allocated in [`Engine::new`]; [`Engine::decode`] and the
 //! generation loop allocate nothing (the `kiln-cpu` tests prove it with a
@@ -105,6 +107,35 @@ pub struct Generation {
     pub timings: Timings,
 }
 
+/// Which logits rows a [`Feed`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    /// The last token's row.
+    Last,
+    /// One row per token.
+    All,
+}
+
+/// One sequence's part of a forward step ([`Engine::step`]): `tokens` go to
+/// sequence `slot` at its next positions (after [`Engine::seq_len`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Feed<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+impl Feed<'_> {
+    fn rows(&self) -> usize {
+        match self.logits {
+            Logits::None => 0,
+            Logits::Last => usize::from(!self.tokens.is_empty()),
+            Logits::All => self.tokens.len(),
+        }
+    }
+}
+
 /// What a token callback wants next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -117,6 +148,8 @@ pub struct Engine<B: Backend> {
     kv: KvTables,
     vocab: usize,
     max_batch: usize,
+    /// Logits rows one step may return.
+    logit_rows: usize,
     logits: Vec<f32>,
     tokens: Vec<u32>,
     positions: Vec<u32>,
@@ -127,12 +160,22 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     /// `layout` must be the one the backend's KV storage was made for.
     pub fn new(backend: B, layout: KvLayout) -> Self {
+        let rows = backend.max_batch_tokens();
+        Self::with_logit_rows(backend, layout, rows)
+    }
+
+    /// Like [`Engine::new`], with room for only `rows` logits rows per step
+    /// (a server needs one per running sequence, not one per token; prefill
+    /// with every token's logits then goes in chunks of `rows`).
+    pub fn with_logit_rows(backend: B, layout: KvLayout, rows: usize) -> Self {
         let vocab = backend.desc().vocab_size;
         let max_batch = backend.max_batch_tokens().max(1);
+        let logit_rows = rows.clamp(1, max_batch);
         Engine {
             vocab,
             max_batch,
-            logits: vec![0.0; vocab * max_batch],
+            logit_rows,
+            logits: vec![0.0; vocab * logit_rows],
             tokens: Vec::with_capacity(max_batch),
             positions: Vec::with_capacity(max_batch),
             seqs: Vec::with_capacity(max_batch),
@@ -144,6 +187,12 @@ impl<B: Backend> Engine<B> {
 
     pub fn kv(&self) -> &KvTables {
         &self.kv
+    }
+
+    /// The block tables, for callers that manage the pool themselves (a
+    /// scheduler reserving ahead with its own eviction, clearing, truncating).
+    pub fn kv_mut(&mut self) -> &mut KvTables {
+        &mut self.kv
     }
 
     pub fn ctx(&self) -> usize {
@@ -210,10 +259,82 @@ impl<B: Backend> Engine<B> {
         self.backend.forward(&batch, &self.kv, &mut self.logits)
     }
 
+    /// Stages one forward step: each feed's tokens at its slot's next
+    /// positions, KV reserved. Everything is checked before anything is
+    /// reserved: known tokens, room in the context, distinct slots, at most
+    /// the backend's batch and the logits rows. Returns the logits rows.
+    fn stage<'a>(&mut self, feeds: impl Iterator<Item = Feed<'a>> + Clone) -> Result<usize> {
+        let (mut n, mut rows) = (0, 0);
+        for (i, f) in feeds.clone().enumerate() {
+            self.check_tokens(f.tokens)?;
+            self.check_fits(f.slot, f.tokens.len())?;
+            if feeds.clone().take(i).any(|g| g.slot == f.slot) {
+                return Err(EngineError::Input(format!(
+                    "sequence {} appears twice in one step",
+                    f.slot
+                )));
+            }
+            n += f.tokens.len();
+            rows += f.rows();
+        }
+        if n > self.max_batch {
+            return Err(EngineError::Input(format!(
+                "{n} tokens in one step, the backend takes {}",
+                self.max_batch
+            )));
+        }
+        if rows > self.logit_rows {
+            return Err(EngineError::Input(format!(
+                "{rows} logits rows in one step, the engine holds {}",
+                self.logit_rows
+            )));
+        }
+        self.tokens.clear();
+        self.positions.clear();
+        self.seqs.clear();
+        self.want.clear();
+        for f in feeds {
+            let pos = self.kv.len(f.slot);
+            self.kv.reserve(f.slot, pos + f.tokens.len())?;
+            let last = f.tokens.len().saturating_sub(1);
+            for (i, &t) in f.tokens.iter().enumerate() {
+                self.tokens.push(t);
+                self.positions.push((pos + i) as u32);
+                self.seqs.push(f.slot as u32);
+                self.want.push(match f.logits {
+                    Logits::None => false,
+                    Logits::Last => i == last,
+                    Logits::All => true,
+                });
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Records the staged feeds' tokens as written.
+    fn commit<'a>(&mut self, feeds: impl Iterator<Item = Feed<'a>>) {
+        for f in feeds {
+            let len = self.kv.len(f.slot) + f.tokens.len();
+            self.kv.commit(f.slot, len);
+        }
+    }
+
+    /// One forward step over several sequences at once — decode tokens and
+    /// prefill chunks mixed, as a continuous-batching scheduler plans them.
+    /// Returns the requested logits rows, in feed order. On an error nothing
+    /// is committed (KV reserved for the feeds stays reserved).
+    pub fn step(&mut self, feeds: &[Feed<'_>]) -> Result<&mut [f32]> {
+        let rows = self.stage(feeds.iter().copied())?;
+        self.run_staged()?;
+        self.commit(feeds.iter().copied());
+        Ok(&mut self.logits[..rows * self.vocab])
+    }
+
     /// Feeds `tokens` to sequence `slot` in chunks of the backend's batch
-    /// size. Each chunk's logits rows (every token's with `all_logits`, else
-    /// only the last token's) are appended to `out` when given. Returns the
-    /// number of rows the last chunk left in `self.logits`.
+    /// size (of the logits rows with `all_logits`). Each chunk's logits rows
+    /// (every token's with `all_logits`, else only the last token's) are
+    /// appended to `out` when given. Returns the number of rows the last
+    /// chunk left in `self.logits`.
     fn feed(
         &mut self,
         slot: usize,
@@ -223,26 +344,26 @@ impl<B: Backend> Engine<B> {
     ) -> Result<usize> {
         self.check_tokens(tokens)?;
         self.check_fits(slot, tokens.len())?;
-        let mut pos = self.kv.len(slot);
+        let size = if all_logits {
+            self.max_batch.min(self.logit_rows)
+        } else {
+            self.max_batch
+        };
         let mut rows = 0;
-        for (ci, chunk) in tokens.chunks(self.max_batch).enumerate() {
-            let last_chunk = (ci + 1) * self.max_batch >= tokens.len();
-            self.kv.reserve(slot, pos + chunk.len())?;
-            self.tokens.clear();
-            self.positions.clear();
-            self.seqs.clear();
-            self.want.clear();
-            for (i, &t) in chunk.iter().enumerate() {
-                self.tokens.push(t);
-                self.positions.push((pos + i) as u32);
-                self.seqs.push(slot as u32);
-                self.want
-                    .push(all_logits || (last_chunk && i + 1 == chunk.len()));
-            }
+        for (ci, chunk) in tokens.chunks(size).enumerate() {
+            let last_chunk = (ci + 1) * size >= tokens.len();
+            let f = Feed {
+                slot,
+                tokens: chunk,
+                logits: match (all_logits, last_chunk) {
+                    (true, _) => Logits::All,
+                    (false, true) => Logits::Last,
+                    (false, false) => Logits::None,
+                },
+            };
+            rows = self.stage(std::iter::once(f))?;
             self.run_staged()?;
-            pos += chunk.len();
-            self.kv.commit(slot, pos);
-            rows = self.want.iter().filter(|&&w| w).count();
+            self.commit(std::iter::once(f));
             if let Some(out) = out.as_deref_mut() {
                 out.extend_from_slice(&self.logits[..rows * self.vocab]);
             }
@@ -301,42 +422,21 @@ impl<B: Backend> Engine<B> {
     pub fn decode_batch(&mut self, items: &[(usize, u32)]) -> Result<&mut [f32]> {
         self.stage_decode(items)?;
         self.run_staged()?;
-        for &(slot, _) in items {
-            let len = self.kv.len(slot) + 1;
-            self.kv.commit(slot, len);
-        }
+        self.commit(Self::decode_feeds(items));
         Ok(&mut self.logits[..items.len() * self.vocab])
+    }
+
+    fn decode_feeds(items: &[(usize, u32)]) -> impl Iterator<Item = Feed<'_>> + Clone {
+        items.iter().map(|(slot, token)| Feed {
+            slot: *slot,
+            tokens: std::slice::from_ref(token),
+            logits: Logits::Last,
+        })
     }
 
     /// Stages one token for each of `items`' sequences (KV reserved).
     fn stage_decode(&mut self, items: &[(usize, u32)]) -> Result<()> {
-        if items.len() > self.max_batch {
-            return Err(EngineError::Input(format!(
-                "{} sequences in one step, the backend takes {}",
-                items.len(),
-                self.max_batch
-            )));
-        }
-        self.tokens.clear();
-        self.positions.clear();
-        self.seqs.clear();
-        self.want.clear();
-        for &(slot, token) in items {
-            if token as usize >= self.vocab {
-                return Err(EngineError::Input(format!(
-                    "token id {token} is outside the vocabulary (size {})",
-                    self.vocab
-                )));
-            }
-            self.check_fits(slot, 1)?;
-            let pos = self.kv.len(slot);
-            self.kv.reserve(slot, pos + 1)?;
-            self.tokens.push(token);
-            self.positions.push(pos as u32);
-            self.seqs.push(slot as u32);
-            self.want.push(true);
-        }
-        Ok(())
+        self.stage(Self::decode_feeds(items)).map(|_| ())
     }
 
     /// Generates after `prompt` (appended to what `slot` already holds).
@@ -405,5 +505,167 @@ impl<B: Backend> Engine<B> {
             tokens: out,
             finish,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::{ArchDescriptor, LayerDesc};
+
+    /// A batch as the backend saw it: tokens, positions, sequences, wants.
+    type Seen = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<bool>);
+
+    /// Records each batch; a logits row is (token, position, sequence, 0…).
+    struct Echo {
+        desc: ArchDescriptor,
+        batches: Vec<Seen>,
+    }
+
+    impl Backend for Echo {
+        fn desc(&self) -> &ArchDescriptor {
+            &self.desc
+        }
+        fn max_batch_tokens(&self) -> usize {
+            8
+        }
+        fn forward(&mut self, b: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()> {
+            b.check(self.desc.vocab_size, 8, kv)?;
+            let mut row = 0;
+            for i in 0..b.len() {
+                if b.want_logits[i] {
+                    let r = &mut logits[row * 10..(row + 1) * 10];
+                    r.fill(0.0);
+                    r[..3].copy_from_slice(&[
+                        b.tokens[i] as f32,
+                        b.positions[i] as f32,
+                        b.seqs[i] as f32,
+                    ]);
+                    row += 1;
+                }
+            }
+            self.batches.push((
+                b.tokens.to_vec(),
+                b.positions.to_vec(),
+                b.seqs.to_vec(),
+                b.want_logits.to_vec(),
+            ));
+            Ok(())
+        }
+    }
+
+    fn engine(logit_rows: usize) -> Engine<Echo> {
+        let desc = ArchDescriptor {
+            name: "test",
+            vocab_size: 10,
+            hidden: 8,
+            n_layers: 1,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            intermediate: 16,
+            context_length: 16,
+            norm: kiln_format::NormKind::Rms,
+            norm_eps: 1e-6,
+            norm_weight_offset: 0.0,
+            activation: kiln_format::Activation::Silu,
+            gated_ffn: true,
+            fused_qkv: false,
+            qk_norm: false,
+            post_attn_norm: false,
+            post_ffn_norm: false,
+            embedding_scale: 1.0,
+            learned_positions: false,
+            causal: true,
+            attn_scale: 0.5,
+            attn_softcap: None,
+            final_softcap: None,
+            tied_embeddings: true,
+            rope: None,
+            layers: vec![LayerDesc {
+                window: None,
+                rope_table: 0,
+            }],
+        };
+        let layout = KvLayout::plan(&desc, 16, 3, 4, 8);
+        let echo = Echo {
+            desc,
+            batches: Vec::new(),
+        };
+        Engine::with_logit_rows(echo, layout, logit_rows)
+    }
+
+    #[test]
+    fn step_mixes_decode_tokens_and_prefill_chunks() {
+        let mut e = engine(3);
+        e.prefill(0, &[1, 2, 3]).unwrap();
+        let feeds = [
+            Feed {
+                slot: 0,
+                tokens: &[4],
+                logits: Logits::Last,
+            },
+            Feed {
+                slot: 1,
+                tokens: &[5, 6, 7],
+                logits: Logits::None,
+            },
+            Feed {
+                slot: 2,
+                tokens: &[8, 9],
+                logits: Logits::Last,
+            },
+        ];
+        let rows = e.step(&feeds).unwrap().to_vec();
+        // One row per feed that asked, in feed order: (token, position, seq).
+        assert_eq!(rows.len(), 20);
+        assert_eq!(&rows[..3], &[4.0, 3.0, 0.0]);
+        assert_eq!(&rows[10..13], &[9.0, 1.0, 2.0]);
+        let (t, p, s, w) = e.backend.batches.last().unwrap().clone();
+        assert_eq!(t, [4, 5, 6, 7, 8, 9]);
+        assert_eq!(p, [3, 0, 1, 2, 0, 1]);
+        assert_eq!(s, [0, 1, 1, 1, 2, 2]);
+        assert_eq!(w, [true, false, false, false, false, true]);
+        assert_eq!((e.seq_len(0), e.seq_len(1), e.seq_len(2)), (4, 3, 2));
+        // The next chunk continues where the last one stopped.
+        let rows = e
+            .step(&[Feed {
+                slot: 1,
+                tokens: &[1],
+                logits: Logits::All,
+            }])
+            .unwrap();
+        assert_eq!(&rows[..3], &[1.0, 3.0, 1.0]);
+    }
+
+    #[test]
+    fn step_checks_before_it_reserves() {
+        let mut e = engine(2);
+        let f = |slot, tokens: &'static [u32], logits| Feed {
+            slot,
+            tokens,
+            logits,
+        };
+        let bad: [&[Feed]; 5] = [
+            &[f(0, &[1], Logits::Last), f(0, &[2], Logits::Last)],
+            &[
+                f(0, &[1, 2, 3, 4, 5], Logits::None),
+                f(1, &[1; 4], Logits::None),
+            ],
+            &[f(0, &[1, 2, 3], Logits::All)],
+            &[f(1, &[10], Logits::Last)],
+            &[f(2, &[1; 17], Logits::None)],
+        ];
+        for feeds in bad {
+            assert!(e.step(feeds).is_err(), "{feeds:?}");
+            assert!((0..3).all(|s| e.seq_len(s) == 0 && !e.kv().is_active(s)));
+        }
+        assert!(e.backend.batches.is_empty());
+        // With two logits rows, every-token prefill goes in chunks of two.
+        let mut out = Vec::new();
+        e.prefill_into(0, &[1, 2, 3], true, &mut out).unwrap();
+        assert_eq!(out.len(), 30);
+        assert_eq!(e.backend.batches.len(), 2);
+        assert_eq!(e.seq_len(0), 3);
     }
 }

@@ -1,9 +1,9 @@
 //! The continuous-batching scheduler: one engine thread owns the backend and
 //! the KV block tables and runs forward steps over every live sequence.
 //!
-//! Each step is **one** [`Backend::forward`] over a mixed batch: one token for
-//! every sequence that is decoding, then prompt chunks of sequences that are
-//! prefilling, up to a token budget per step. New requests join between
+//! Each step is **one** [`Engine::step`] (one [`Backend::forward`]) over a
+//! mixed batch: one token for every sequence that is decoding, then prompt
+//! chunks of sequences that are prefilling, up to a token budget per step. New requests join between
 //! steps; a finished, cancelled or disconnected sequence leaves at once and
 //! its slot (and KV blocks) go back to the pool.
 //!
@@ -24,8 +24,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use kiln_core::engine::{Feed, Logits};
 use kiln_core::kv::NO_BLOCK;
-use kiln_core::{Backend, Batch, EngineError, KvLayout, KvTables, Sampler, SamplerParams};
+use kiln_core::{Backend, Engine, EngineError, KvLayout, Sampler, SamplerParams};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
@@ -259,8 +260,9 @@ struct Slot {
 }
 
 struct Core<B: Backend> {
-    backend: B,
-    kv: KvTables,
+    /// The backend and the KV block tables; the scheduler reserves and
+    /// frees blocks itself (prefix cache, eviction, preemption).
+    engine: Engine<B>,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
@@ -271,13 +273,8 @@ struct Core<B: Backend> {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     clock: u64,
-    logits: Vec<f32>,
     lp_row: Vec<f32>,
-    b_tokens: Vec<u32>,
-    b_pos: Vec<u32>,
-    b_seqs: Vec<u32>,
-    b_want: Vec<bool>,
-    /// Per batch entry: (running index, tokens fed, wants logits).
+    /// This step's feeds: (running index, tokens fed, wants logits).
     plan: Vec<(usize, usize, bool)>,
 }
 
@@ -301,22 +298,17 @@ impl<B: Backend> Core<B> {
             .max(cfg.parallel.min(backend.max_batch_tokens()))
             .max(1);
         let ctx = layout.max_ctx;
-        let kv = KvTables::new(layout);
+        let total: usize = layout.groups.iter().map(|g| g.n_blocks).sum();
+        // One logits row per running sequence at most.
+        let engine = Engine::with_logit_rows(backend, layout, cfg.parallel);
         let slots = (0..cfg.parallel).map(|_| Slot::default()).collect();
-        let total: usize = kv.layout().groups.iter().map(|g| g.n_blocks).sum();
         metrics.kv_blocks_total.set(total as u64);
         metrics.kv_blocks_free.set(total as u64);
         metrics.slots_total.set(cfg.parallel as u64);
         Core {
-            logits: vec![0.0; vocab * cfg.parallel],
             lp_row: vec![0.0; vocab],
-            b_tokens: Vec::with_capacity(step_tokens),
-            b_pos: Vec::with_capacity(step_tokens),
-            b_seqs: Vec::with_capacity(step_tokens),
-            b_want: Vec::with_capacity(step_tokens),
             plan: Vec::with_capacity(cfg.parallel),
-            backend,
-            kv,
+            engine,
             cfg,
             metrics,
             queued,
@@ -335,7 +327,14 @@ impl<B: Backend> Core<B> {
             backend,
             ctx: self.ctx,
             vocab: self.vocab,
-            kv_blocks: self.kv.layout().groups.iter().map(|g| g.n_blocks).sum(),
+            kv_blocks: self
+                .engine
+                .kv()
+                .layout()
+                .groups
+                .iter()
+                .map(|g| g.n_blocks)
+                .sum(),
             step_tokens: self.step_tokens,
         }
     }
@@ -446,9 +445,10 @@ impl<B: Backend> Core<B> {
 
     /// Blocks of `group` held by the slot's table.
     fn held_blocks(&self, slot: usize) -> usize {
-        (0..self.kv.layout().groups.len())
+        (0..self.engine.kv().layout().groups.len())
             .map(|g| {
-                self.kv
+                self.engine
+                    .kv()
                     .table(slot, g)
                     .iter()
                     .filter(|&&b| b != NO_BLOCK)
@@ -458,8 +458,8 @@ impl<B: Backend> Core<B> {
     }
 
     fn free_blocks(&self) -> usize {
-        (0..self.kv.layout().groups.len())
-            .map(|g| self.kv.free_blocks(g))
+        (0..self.engine.kv().layout().groups.len())
+            .map(|g| self.engine.kv().free_blocks(g))
             .sum()
     }
 
@@ -475,14 +475,17 @@ impl<B: Backend> Core<B> {
                 }
                 // Keep at least one token to feed: its logits start generation.
                 let keep = common_prefix(&s.cached, tokens).min(tokens.len().saturating_sub(1));
-                if keep > 0 && best.is_none_or(|(_, k)| keep > k) && self.kv.can_truncate(i, keep) {
+                if keep > 0
+                    && best.is_none_or(|(_, k)| keep > k)
+                    && self.engine.kv().can_truncate(i, keep)
+                {
                     best = Some((i, keep));
                 }
             }
         }
         if let Some((slot, keep)) = best {
             // Checked by can_truncate above, so this cannot refuse.
-            if self.kv.truncate(slot, keep) {
+            if self.engine.kv_mut().truncate(slot, keep) {
                 return Some((slot, keep));
             }
         }
@@ -503,7 +506,7 @@ impl<B: Backend> Core<B> {
     }
 
     fn evict(&mut self, slot: usize) {
-        self.kv.clear(slot);
+        self.engine.kv_mut().clear(slot);
         self.slots[slot].cached.clear();
     }
 
@@ -526,7 +529,7 @@ impl<B: Backend> Core<B> {
     }
 
     fn blocks_for(&self, positions: usize) -> usize {
-        let l = self.kv.layout();
+        let l = self.engine.kv().layout();
         let per_group = positions.div_ceil(l.block_size);
         l.groups
             .iter()
@@ -544,7 +547,14 @@ impl<B: Backend> Core<B> {
             };
             // Room for the whole prompt (plus the first generated token).
             let need = self.blocks_for(front.tokens.len() + 1);
-            let total: usize = self.kv.layout().groups.iter().map(|g| g.n_blocks).sum();
+            let total: usize = self
+                .engine
+                .kv()
+                .layout()
+                .groups
+                .iter()
+                .map(|g| g.n_blocks)
+                .sum();
             if need > total {
                 let Some(s) = self.waiting.pop_front() else {
                     break;
@@ -593,7 +603,7 @@ impl<B: Backend> Core<B> {
     fn reserve(&mut self, ri: usize, len: usize) -> Result<bool, EngineError> {
         loop {
             let slot = self.running[ri].slot;
-            match self.kv.reserve(slot, len) {
+            match self.engine.kv_mut().reserve(slot, len) {
                 Ok(()) => return Ok(true),
                 Err(EngineError::KvFull { .. }) => {}
                 Err(e) => return Err(e),
@@ -613,7 +623,7 @@ impl<B: Backend> Core<B> {
             // Its blocks go back now; it leaves `running` after this step.
             let s = &mut self.running[v];
             s.preempted = true;
-            self.kv.clear(s.slot);
+            self.engine.kv_mut().clear(s.slot);
             self.metrics.preemptions.inc();
         }
     }
@@ -623,17 +633,13 @@ impl<B: Backend> Core<B> {
             return;
         }
         self.plan.clear();
-        self.b_tokens.clear();
-        self.b_pos.clear();
-        self.b_seqs.clear();
-        self.b_want.clear();
         let mut budget = self.step_tokens;
         // Decoding sequences first (one token each), then prefill chunks, each
         // group oldest first.
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         order.sort_by_key(|&i| {
             let s = &self.running[i];
-            let todo = s.tokens.len() - self.kv.len(s.slot);
+            let todo = s.tokens.len() - self.engine.kv().len(s.slot);
             (todo > 1, self.slots[s.slot].last_used)
         });
         let mut out: Vec<(usize, Outcome)> = Vec::new();
@@ -644,9 +650,9 @@ impl<B: Backend> Core<B> {
             if self.running[ri].preempted {
                 continue;
             }
-            let (slot, fed, total) = {
+            let (fed, total) = {
                 let s = &self.running[ri];
-                (s.slot, self.kv.len(s.slot), s.tokens.len())
+                (self.engine.kv().len(s.slot), s.tokens.len())
             };
             let n = (total - fed).min(budget);
             if n == 0 {
@@ -669,18 +675,10 @@ impl<B: Backend> Core<B> {
                     continue;
                 }
             }
-            let s = &self.running[ri];
-            let want = fed + n == total;
-            for (i, &t) in s.tokens[fed..fed + n].iter().enumerate() {
-                self.b_tokens.push(t);
-                self.b_pos.push((fed + i) as u32);
-                self.b_seqs.push(slot as u32);
-                self.b_want.push(want && i + 1 == n);
-            }
-            self.plan.push((ri, n, want));
+            self.plan.push((ri, n, fed + n == total));
             budget -= n;
         }
-        if !self.b_tokens.is_empty() {
+        if !self.plan.is_empty() {
             self.forward_and_sample(&mut out);
         }
         for (i, s) in self.running.iter().enumerate() {
@@ -710,31 +708,38 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// Runs the planned batch, commits it and samples every sequence whose
+    /// Runs the planned step, commits it and samples every sequence whose
     /// last fed token gave logits.
     fn forward_and_sample(&mut self, out: &mut Vec<(usize, Outcome)>) {
-        let batch = Batch {
-            tokens: &self.b_tokens,
-            positions: &self.b_pos,
-            seqs: &self.b_seqs,
-            want_logits: &self.b_want,
-        };
-        let res = self.backend.forward(&batch, &self.kv, &mut self.logits);
+        let kv = self.engine.kv();
+        let feeds: Vec<Feed<'_>> = self
+            .plan
+            .iter()
+            .map(|&(ri, n, want)| {
+                let s = &self.running[ri];
+                let fed = kv.len(s.slot);
+                Feed {
+                    slot: s.slot,
+                    tokens: &s.tokens[fed..fed + n],
+                    logits: if want { Logits::Last } else { Logits::None },
+                }
+            })
+            .collect();
+        let n_tokens: usize = feeds.iter().map(|f| f.tokens.len()).sum();
+        let res = self.engine.step(&feeds);
         self.metrics.engine_steps.inc();
-        self.metrics.observe_batch(self.b_tokens.len());
-        if let Err(e) = res {
-            let msg = format!("engine error: {e}");
-            for p in &self.plan {
-                out.push((p.0, Outcome::Fail(msg.clone())));
+        self.metrics.observe_batch(n_tokens);
+        let rows = match res {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!("engine error: {e}");
+                for p in &self.plan {
+                    out.push((p.0, Outcome::Fail(msg.clone())));
+                }
+                return;
             }
-            return;
-        }
-        for &(ri, n, _) in &self.plan {
-            let slot = self.running[ri].slot;
-            let len = self.kv.len(slot) + n;
-            self.kv.commit(slot, len);
-        }
-        // Logits rows follow batch order.
+        };
+        // Logits rows follow feed order.
         let now = Instant::now();
         let vocab = self.vocab;
         let mut row = 0;
@@ -742,7 +747,7 @@ impl<B: Backend> Core<B> {
             if !want {
                 continue;
             }
-            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+            let logits = &mut rows[row * vocab..(row + 1) * vocab];
             row += 1;
             let s = &mut self.running[ri];
             if s.req.logprobs.is_some() {
@@ -805,7 +810,7 @@ impl<B: Backend> Core<B> {
         if s.slot >= self.slots.len() {
             return;
         }
-        let fed = self.kv.len(s.slot);
+        let fed = self.engine.kv().len(s.slot);
         let sl = &mut self.slots[s.slot];
         sl.busy = false;
         if self.cfg.prefix_cache && fed > 0 {
@@ -814,7 +819,7 @@ impl<B: Backend> Core<B> {
             sl.cached = t;
         } else {
             sl.cached.clear();
-            self.kv.clear(s.slot);
+            self.engine.kv_mut().clear(s.slot);
         }
     }
 
@@ -842,7 +847,14 @@ impl<B: Backend> Core<B> {
 
     fn publish(&self) {
         let m = &self.metrics;
-        let total: usize = self.kv.layout().groups.iter().map(|g| g.n_blocks).sum();
+        let total: usize = self
+            .engine
+            .kv()
+            .layout()
+            .groups
+            .iter()
+            .map(|g| g.n_blocks)
+            .sum();
         let free = self.free_blocks();
         let cached: usize = self
             .slots
