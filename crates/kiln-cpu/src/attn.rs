@@ -70,7 +70,27 @@ impl Attn<'_> {
             ((blk * self.nlg + self.lig) * bs + p % bs) * kvd + kh * hd
         };
         let mut mx = f32::NEG_INFINITY;
-        for (j, sc) in scores.iter_mut().enumerate() {
+        let mut j0 = 0;
+        if FAST {
+            // Four keys at a time: four independent accumulator chains.
+            let k = |j: usize| {
+                let a = at(start + j);
+                &self.kc[a..a + hd]
+            };
+            while j0 + 4 <= scores.len() {
+                let d = dot4_fast([k(j0), k(j0 + 1), k(j0 + 2), k(j0 + 3)], qv);
+                for (sc, d) in scores[j0..j0 + 4].iter_mut().zip(d) {
+                    let mut v = d * self.scale;
+                    if let Some(c) = self.softcap {
+                        v = (v / c).tanh() * c;
+                    }
+                    *sc = v;
+                    mx = mx.max(v);
+                }
+                j0 += 4;
+            }
+        }
+        for (j, sc) in scores.iter_mut().enumerate().skip(j0) {
             let a = at(start + j);
             let mut v = kernels::dot(qv, &self.kc[a..a + hd]) * self.scale;
             if let Some(c) = self.softcap {
@@ -97,11 +117,48 @@ impl Attn<'_> {
         let out =
             unsafe { std::slice::from_raw_parts_mut(self.att.ptr().add(i * qd + h * hd), hd) };
         out.fill(0.0);
-        for (j, &sc) in scores.iter().enumerate() {
+        let mut j0 = 0;
+        if FAST {
+            let v = |j: usize| {
+                let a = at(start + j);
+                &self.vc[a..a + hd]
+            };
+            while j0 + 4 <= scores.len() {
+                let p = [
+                    scores[j0] * inv,
+                    scores[j0 + 1] * inv,
+                    scores[j0 + 2] * inv,
+                    scores[j0 + 3] * inv,
+                ];
+                axpy4_fast(out, p, [v(j0), v(j0 + 1), v(j0 + 2), v(j0 + 3)]);
+                j0 += 4;
+            }
+        }
+        for (j, &sc) in scores.iter().enumerate().skip(j0) {
             let a = at(start + j);
             kernels::axpy(out, sc * inv, &self.vc[a..a + hd]);
         }
     }
+}
+
+/// Four keys against one query (only reached from `run_avx2`).
+#[inline(always)]
+fn dot4_fast(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: FAST items run only under `run_avx2` (AVX2/FMA checked).
+    return unsafe { crate::avx2::dot4_f32(k, q) };
+    #[cfg(not(target_arch = "x86_64"))]
+    kernels::dot4(k, q)
+}
+
+/// `y += Σ p[r]·v[r]` over four rows (only reached from `run_avx2`).
+#[inline(always)]
+fn axpy4_fast(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in dot4_fast.
+    return unsafe { crate::avx2::axpy4_f32(y, p, v) };
+    #[cfg(not(target_arch = "x86_64"))]
+    kernels::axpy4(y, p, v)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,10 +1,12 @@
 //! Which fast kernel reads a matrix, and the projection step that runs one or
 //! more matrices over the same input in a single pool dispatch.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use kiln_format::{GgmlType, Model};
 
+use crate::packed::PackedMat;
 use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::QAct;
 use crate::weights::Mat;
@@ -102,57 +104,148 @@ pub(crate) fn project(
     let mut quantized = false;
     if fast && xq.fits(n, cols) {
         let needs = ops.iter().any(|o| {
-            matches!(
-                o.w.raw(m).and_then(|(ty, _, _)| kernel_for(ty)),
-                Some(Kernel::Quant(_))
-            )
+            o.w.packed().is_some()
+                || matches!(
+                    o.w.raw(m).and_then(|(ty, _, _)| kernel_for(ty)),
+                    Some(Kernel::Quant(_))
+                )
         });
         if needs {
-            xq.quantize(x, n, cols);
+            xq.quantize_on(Some(pool), x, n, cols);
             quantized = true;
         }
     }
     let xq = &*xq;
     let nt = pool.n_threads();
-    pool.run(&|tid| {
-        for op in ops {
-            let rows = op.w.rows();
-            let (r0, r1) = (rows * tid / nt, rows * (tid + 1) / nt);
-            if r0 >= r1 {
-                continue;
+    // Work units: groups of eight rows (packed) or rows, claimed in chunks
+    // from one counter over all ops, so a descheduled thread's share is
+    // taken by the others. A unit's result does not depend on who runs it.
+    let mut plan = [(0usize, 0usize, false); MAX_OPS];
+    let mut total = 0;
+    for (k, op) in ops.iter().enumerate().take(MAX_OPS) {
+        let packed =
+            op.w.packed()
+                .is_some_and(|p| fast && packed_fits(p, quantized.then_some(xq), n, op.bias));
+        let (units, align) = match op.w.packed() {
+            Some(p) if packed => (p.groups(), 1),
+            _ => (op.w.rows(), 4),
+        };
+        let chunk = (units / (CHUNKS_PER_THREAD * nt))
+            .max(1)
+            .next_multiple_of(align);
+        plan[k] = (units, chunk, packed);
+        total += units.div_ceil(chunk);
+    }
+    debug_assert!(ops.len() <= MAX_OPS);
+    let next = AtomicUsize::new(0);
+    pool.run(&|tid| loop {
+        let mut i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= total {
+            return;
+        }
+        let mut k = 0;
+        while i >= plan[k].0.div_ceil(plan[k].1) {
+            i -= plan[k].0.div_ceil(plan[k].1);
+            k += 1;
+        }
+        let (op, (units, chunk, packed)) = (&ops[k], plan[k]);
+        let (u0, u1) = (i * chunk, ((i + 1) * chunk).min(units));
+        if packed {
+            if let Some(p) = op.w.packed() {
+                run_packed(p, op.bias, xq, n, op.y, u0, u1);
             }
-            if fast {
-                if let Some((ty, bytes, row_bytes)) = op.w.raw(m) {
-                    let mat = RawMat {
-                        ty,
-                        bytes,
-                        row_bytes,
-                        rows,
-                        cols: op.w.cols(),
-                    };
-                    let q = quantized.then_some(xq);
-                    if run_fast(&mat, op.bias, x, q, n, op.y, r0, r1) {
-                        continue;
-                    }
+            continue;
+        }
+        let (r0, r1) = (u0, u1);
+        if fast {
+            if let Some((ty, bytes, row_bytes)) = op.w.raw(m) {
+                let mat = RawMat {
+                    ty,
+                    bytes,
+                    row_bytes,
+                    rows: op.w.rows(),
+                    cols: op.w.cols(),
+                };
+                let q = quantized.then_some(xq);
+                if run_fast(&mat, op.bias, x, q, n, op.y, r0, r1) {
+                    continue;
                 }
             }
-            let Some(local) = locals.get(tid) else {
-                continue;
-            };
-            let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
-            RowJob {
-                m,
-                w: op.w,
-                bias: op.bias,
-                x,
-                n,
-                y: op.y,
-                r0,
-                r1,
-            }
-            .run_any(&mut local.row);
         }
+        let Some(local) = locals.get(tid) else {
+            continue;
+        };
+        let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
+        RowJob {
+            m,
+            w: op.w,
+            bias: op.bias,
+            x,
+            n,
+            y: op.y,
+            r0,
+            r1,
+        }
+        .run_any(&mut local.row);
     });
+}
+
+/// Most matrices one [`project`] call runs.
+const MAX_OPS: usize = 4;
+/// Chunks each thread claims per op on average (more: better balance on a
+/// busy machine, more atomic operations).
+const CHUNKS_PER_THREAD: usize = 4;
+
+/// Whether [`run_packed`] can run `p` over `xq` (the same answer on every
+/// thread, so a matmul is either all packed or all not).
+pub(crate) fn packed_fits(
+    p: &PackedMat,
+    xq: Option<&QAct>,
+    n: usize,
+    bias: Option<&[f32]>,
+) -> bool {
+    crate::simd::has_avx2()
+        && xq.is_some_and(|q| q.cols == p.cols && q.n == n)
+        && bias.is_none_or(|b| b.len() >= p.rows)
+}
+
+/// Groups `g0..g1` of `y = W x + bias` over packed weights (checked by
+/// [`packed_fits`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_packed(
+    p: &PackedMat,
+    bias: Option<&[f32]>,
+    xq: &QAct,
+    n: usize,
+    y: SyncPtr,
+    g0: usize,
+    g1: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if g1 > p.groups() || !packed_fits(p, Some(xq), n, bias) {
+            return false;
+        }
+        let job = crate::gemm::PJob {
+            w: p,
+            x: xq,
+            n,
+            y: y.ptr(),
+            ystride: p.rows,
+            g0,
+            g1,
+            bias,
+        };
+        // SAFETY: the CPU has AVX2/FMA/F16C and xq holds n rows of
+        // p.cols (packed_fits); the rows of groups g0..g1 of y belong to
+        // this thread alone.
+        unsafe { crate::gemm::gemm(&job) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (p, bias, xq, n, y, g0, g1);
+        false
+    }
 }
 
 /// A matrix as stored.

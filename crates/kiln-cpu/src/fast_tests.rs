@@ -224,3 +224,213 @@ fn fast_kernels_batch_invariant() {
         }
     }
 }
+
+// ---- packed weights and the GEMM kernels ---------------------------------
+
+const PACKED: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn pack_raw(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> crate::packed::PackedMat {
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    crate::packed::pack(ty, w, row_bytes, rows, cols).expect("packable")
+}
+
+/// The packed layout holds the same values as the stored rows.
+#[test]
+fn packed_layout_matches_dequant() {
+    let mut r = Rng(0x5eed);
+    for ty in PACKED {
+        for (rows, blocks) in [(1, 1), (8, 2), (13, 1), (37, 3)] {
+            let cols = blocks * ty.block_size();
+            let w = random_matrix(&mut r, ty, rows, cols);
+            let p = pack_raw(ty, &w, rows, cols);
+            assert_eq!(p.bytes().len() * 8, p.groups() * p.nrec * p.rec_bytes * 8);
+            let got = crate::packed::unpack_f32(&p);
+            let mut want = vec![0.0f32; cols];
+            for row in 0..rows {
+                dequantize_row(ty, &w, cols, row, &mut want).unwrap();
+                for i in 0..cols {
+                    let (a, b) = (got[row * cols + i], want[i]);
+                    assert!(
+                        (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                        "{ty} rows {rows} row {row} col {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `y` via the GEMM kernels on `threads` threads, groups split as
+/// `project` splits them.
+fn gemm_matmul(
+    pool: &ThreadPool,
+    p: &crate::packed::PackedMat,
+    bias: Option<&[f32]>,
+    x: &[f32],
+    n: usize,
+) -> (Vec<f32>, QAct) {
+    let mut xq = QAct::new(n, p.cols);
+    xq.quantize(x, n, p.cols);
+    let mut y = vec![f32::NAN; n * p.rows];
+    let yp = SyncPtr(y.as_mut_ptr());
+    let nt = pool.n_threads();
+    let ng = p.groups();
+    let xqr = &xq;
+    pool.run(&|tid| {
+        let (g0, g1) = (ng * tid / nt, ng * (tid + 1) / nt);
+        if g0 < g1 {
+            assert!(run_packed(p, bias, xqr, n, yp, g0, g1));
+        }
+    });
+    (y, xq)
+}
+
+#[test]
+fn gemm_matches_reference() {
+    if kernel_for(GgmlType::Q4_0).is_none() {
+        eprintln!("SKIPPED: no fast kernels on this CPU");
+        return;
+    }
+    let mut r = Rng(0x1234_5678_9abc_def1);
+    for threads in [1, 3] {
+        let pool = ThreadPool::new(threads);
+        for ty in PACKED {
+            let mut worst = 0.0f64;
+            // Rows not divisible by 8 or the thread count; 1..3 super-
+            // blocks; token counts around the tile of 4.
+            for (rows, blocks, n) in [
+                (1, 1, 1),
+                (7, 2, 17),
+                (13, 3, 5),
+                (37, 1, 3),
+                (67, 2, 9),
+                (8, 1, 16),
+                (29, 2, 2),
+            ] {
+                let cols = blocks * ty.block_size();
+                let w = random_matrix(&mut r, ty, rows, cols);
+                let p = pack_raw(ty, &w, rows, cols);
+                let x: Vec<f32> = (0..n * cols).map(|_| r.f() * 3.0).collect();
+                let bias: Vec<f32> = (0..rows).map(|_| r.f()).collect();
+                let (y, xq) = gemm_matmul(&pool, &p, Some(&bias), &x, n);
+                let mut wr = vec![0.0f32; cols];
+                for row in 0..rows {
+                    dequantize_row(ty, &w, cols, row, &mut wr).unwrap();
+                    for t in 0..n {
+                        let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                        for (i, &wi) in wr.iter().enumerate() {
+                            let xi = f64::from(xq.value(t, i));
+                            exact += f64::from(wi) * xi;
+                            mag += (f64::from(wi) * xi).abs();
+                        }
+                        let got = f64::from(y[t * rows + row]) - f64::from(bias[row]);
+                        let e = (got - exact).abs() / (mag + 1e-30);
+                        assert!(
+                            e < 2e-6,
+                            "{ty} rows {rows} cols {cols} n {n} threads {threads}: row {row} token {t}: {got} vs {exact} (rel {e:e})"
+                        );
+                        worst = worst.max(e);
+                    }
+                }
+            }
+            if threads == 1 {
+                eprintln!("{ty} gemm: vs quantized-x reference {worst:.1e} of Σ|w·x|");
+            }
+        }
+    }
+}
+
+/// A token's GEMM result is the same bit for bit alone, in any batch, at
+/// any offset in the batch, on any thread count.
+#[test]
+fn gemm_batch_invariant() {
+    if kernel_for(GgmlType::Q4_0).is_none() {
+        return;
+    }
+    let mut r = Rng(11);
+    let (rows, n) = (21, 11);
+    for ty in PACKED {
+        let cols = 2 * ty.block_size().max(32);
+        let w = random_matrix(&mut r, ty, rows, cols);
+        let p = pack_raw(ty, &w, rows, cols);
+        let x: Vec<f32> = (0..n * cols).map(|_| r.f()).collect();
+        let (all, _) = gemm_matmul(&ThreadPool::new(2), &p, None, &x, n);
+        let (part, _) = gemm_matmul(&ThreadPool::new(3), &p, None, &x[3 * cols..], n - 3);
+        assert_eq!(part[..], all[3 * rows..], "{ty} tokens 3..");
+        for t in 0..n {
+            let (one, _) = gemm_matmul(
+                &ThreadPool::new(1 + t % 3),
+                &p,
+                None,
+                &x[t * cols..(t + 1) * cols],
+                1,
+            );
+            assert_eq!(one[..], all[t * rows..(t + 1) * rows], "{ty} token {t}");
+        }
+    }
+}
+
+/// Single-thread throughput of the row kernels and the GEMM kernels
+/// (`cargo test --release -p kiln-cpu --lib gemm_speed -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn gemm_speed() {
+    // This thread's CPU time (ns): meaningful on a shared machine.
+    let cpu_ns = || -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut r = Rng(3);
+    let pool = ThreadPool::new(1);
+    for ty in PACKED {
+        for (rows, cols, n) in [(2048, 640, 128), (640, 2048, 128), (2048, 640, 1)] {
+            let cols = cols / ty.block_size() * ty.block_size();
+            let w = random_matrix(&mut r, ty, rows, cols);
+            let row_bytes = cols / ty.block_size() * ty.type_size();
+            let mat = RawMat {
+                ty,
+                bytes: &w,
+                row_bytes,
+                rows,
+                cols,
+            };
+            let p = pack_raw(ty, &w, rows, cols);
+            let x: Vec<f32> = (0..n * cols).map(|_| r.f()).collect();
+            let mut xq = QAct::new(n, cols);
+            xq.quantize(&x, n, cols);
+            let mut y = vec![0.0f32; n * rows];
+            let yp = SyncPtr(y.as_mut_ptr());
+            let reps = if n == 1 { 400 } else { 6 };
+            let macs = (rows * cols * n * reps) as f64;
+            let t = cpu_ns();
+            for _ in 0..reps {
+                pool.run(&|_| {
+                    run_fast(&mat, None, &x, Some(&xq), n, yp, 0, rows);
+                });
+            }
+            let old = macs / (cpu_ns() - t) as f64;
+            let t = cpu_ns();
+            for _ in 0..reps {
+                pool.run(&|_| {
+                    run_packed(&p, None, &xq, n, yp, 0, p.groups());
+                });
+            }
+            let new = macs / (cpu_ns() - t) as f64;
+            eprintln!(
+                "{ty} {rows}x{cols} n {n}: rows {old:.1} GMAC/s, gemm {new:.1} GMAC/s ({:.2}x)",
+                new / old
+            );
+        }
+    }
+}

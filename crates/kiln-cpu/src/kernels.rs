@@ -114,6 +114,18 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// `y += a[0] * x[0] + a[1] * x[1] + a[2] * x[2] + a[3] * x[3]` (one pass
+/// over `y` for four rows).
+#[inline]
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+pub fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
+    let n = y.len();
+    let (x0, x1, x2, x3) = (&x[0][..n], &x[1][..n], &x[2][..n], &x[3][..n]);
+    for i in 0..n {
+        y[i] += (a[0] * x0[i] + a[1] * x1[i]) + (a[2] * x2[i] + a[3] * x3[i]);
+    }
+}
+
 /// Normalizes `x` into `out` (same length): RMSNorm `x / rms(x) * w`, or
 /// LayerNorm `(x - mean) / std * w + b`. Sums in f64.
 pub fn norm(kind: NormKind, x: &[f32], out: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {

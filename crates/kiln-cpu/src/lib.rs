@@ -17,11 +17,15 @@ mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod fast;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
 mod kernels;
+mod packed;
 mod pool;
 mod quant;
 mod weights;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kiln_core::kv::{KvLayout, KvTables};
@@ -99,7 +103,31 @@ fn check_shape(name: &str, w: &Mat, rows: usize, cols: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether layer weights are repacked at load for the GEMM kernels: on
+/// where the CPU has them, unless `KILN_CPU_REPACK=0` (the fast kernels
+/// then read the weights as stored).
+fn repack_enabled() -> bool {
+    simd::has_avx2() && !matches!(std::env::var("KILN_CPU_REPACK").as_deref(), Ok("0" | "off"))
+}
+
 impl Layer {
+    /// Repacks every matrix of the layer that has a packed layout.
+    fn pack(&mut self, m: &Model) {
+        for w in [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.up,
+            &mut self.down,
+        ] {
+            w.pack(m);
+        }
+        if let Some(g) = &mut self.gate {
+            g.pack(m);
+        }
+    }
+
     fn load(m: &Model, d: &ArchDescriptor, i: usize) -> Result<Layer> {
         let p = |n: &str| format!("blk.{i}.{n}");
         let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
@@ -286,9 +314,19 @@ impl CpuBackend {
         } else {
             None
         };
-        let layers = (0..d.n_layers)
+        let mut layers = (0..d.n_layers)
             .map(|i| Layer::load(m, d, i))
             .collect::<Result<Vec<_>>>()?;
+        let kernels = Kernels::from_env();
+        if kernels == Kernels::Fast && repack_enabled() {
+            // Layers split over the threads (a few hundred ms on one).
+            let per = layers.len().div_ceil(opts.threads.max(1)).max(1);
+            std::thread::scope(|s| {
+                for part in layers.chunks_mut(per) {
+                    s.spawn(move || part.iter_mut().for_each(|l| l.pack(m)));
+                }
+            });
+        }
         let output = if d.tied_embeddings {
             None
         } else {
@@ -362,7 +400,7 @@ impl CpuBackend {
             s,
             kv,
             max_batch,
-            kernels: Kernels::from_env(),
+            kernels,
             xq,
         })
     }
@@ -597,15 +635,21 @@ impl Backend for CpuBackend {
                 let items = n * d.n_heads;
                 let nt = pool.n_threads();
                 let fast = kernels == Kernels::Fast;
+                // Chunks of items claimed from a counter, last tokens
+                // (the longest rows under a causal mask) first.
+                let chunk = (items / (8 * nt)).max(1);
+                let next = AtomicUsize::new(0);
                 pool.run(&|tid| {
                     let Some(local) = locals.get(tid) else { return };
                     let mut local = local.lock().unwrap_or_else(|e| e.into_inner());
-                    job.run(
-                        fast,
-                        items * tid / nt,
-                        items * (tid + 1) / nt,
-                        &mut local.scores,
-                    );
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c * chunk >= items {
+                            return;
+                        }
+                        let hi = items - c * chunk;
+                        job.run(fast, hi.saturating_sub(chunk), hi, &mut local.scores);
+                    }
                 });
             }
             project(
@@ -662,13 +706,39 @@ impl Backend for CpuBackend {
                 let k = if layer.gate.is_some() { 2 } else { 1 };
                 project(pool, locals, m, kernels, xq, &s.xn, n, &ops[..k]);
             }
-            kernels::ffn_act(
-                kernels == Kernels::Fast,
-                d.activation,
-                layer.gate.is_some(),
-                &mut s.gate[..n * inter],
-                &s.up[..n * inter],
-            );
+            let (act, gated) = (d.activation, layer.gate.is_some());
+            #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+            if kernels == Kernels::Fast && n >= 8 && inter % 8 == 0 && pool.n_threads() > 1 {
+                // Split by tokens (whole vectors of 8, so every element is
+                // computed as on one thread).
+                let (g, up, nt) = (
+                    SyncPtr(s.gate.as_mut_ptr()),
+                    &s.up[..n * inter],
+                    pool.n_threads(),
+                );
+                pool.run(&|tid| {
+                    let (t0, t1) = (n * tid / nt, n * (tid + 1) / nt);
+                    if t0 < t1 {
+                        // SAFETY: tokens t0..t1 of gate belong to this
+                        // thread; gate holds n * inter values.
+                        let gs = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                g.ptr().add(t0 * inter),
+                                (t1 - t0) * inter,
+                            )
+                        };
+                        kernels::ffn_act(true, act, gated, gs, &up[t0 * inter..t1 * inter]);
+                    }
+                });
+            } else {
+                kernels::ffn_act(
+                    kernels == Kernels::Fast,
+                    act,
+                    gated,
+                    &mut s.gate[..n * inter],
+                    &s.up[..n * inter],
+                );
+            }
             project(
                 pool,
                 locals,

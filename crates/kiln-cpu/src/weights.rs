@@ -5,6 +5,8 @@ use kiln_core::{EngineError, Result};
 use kiln_format::dequant::{dequantize_row, dequantize_to_vec, is_supported};
 use kiln_format::{GgmlType, Model, ModelTensor, TensorType};
 
+use crate::packed::{self, PackedMat};
+
 /// A `[rows, cols]` matrix (`y = W x` takes `cols` inputs to `rows` outputs).
 pub(crate) enum Mat {
     /// Rows `row0..row0 + rows` of a mapped tensor.
@@ -14,6 +16,8 @@ pub(crate) enum Mat {
         row0: usize,
         rows: usize,
         cols: usize,
+        /// The rows repacked for the GEMM kernels ([`Mat::pack`]).
+        packed: Option<Box<PackedMat>>,
     },
     /// Decoded at load: only for layouts the row kernels cannot read as
     /// stored (HF GPT-2 `Conv1D` weights are `[in, out]`).
@@ -76,6 +80,7 @@ impl Mat {
             row0: 0,
             rows,
             cols,
+            packed: None,
         })
     }
 
@@ -104,6 +109,7 @@ impl Mat {
                     row0: row0 + start,
                     rows: n,
                     cols: *cols,
+                    packed: None,
                 },
                 Mat::Owned { data, cols, .. } => Mat::Owned {
                     data: data[start * cols..(start + n) * cols].to_vec(),
@@ -114,6 +120,24 @@ impl Mat {
             start += n;
         }
         Ok(out)
+    }
+
+    /// Repacks the rows for the GEMM kernels where the type has a packed
+    /// layout (the mapped rows stay for the reference path).
+    pub fn pack(&mut self, m: &Model) {
+        let p = self
+            .raw(m)
+            .and_then(|(ty, bytes, rb)| packed::pack(ty, bytes, rb, self.rows(), self.cols()));
+        if let Mat::Mapped { packed, .. } = self {
+            *packed = p.map(Box::new);
+        }
+    }
+
+    pub fn packed(&self) -> Option<&PackedMat> {
+        match self {
+            Mat::Mapped { packed, .. } => packed.as_deref(),
+            Mat::Owned { .. } => None,
+        }
     }
 
     pub fn rows(&self) -> usize {
@@ -147,6 +171,7 @@ impl Mat {
                 row0,
                 rows,
                 cols,
+                ..
             } => {
                 let row_bytes = cols / ty.block_size() * ty.type_size();
                 let start = row0.checked_mul(row_bytes)?;

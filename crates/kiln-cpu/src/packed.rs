@@ -1,0 +1,393 @@
+//! Weights repacked at load for the GEMM kernels (`gemm.rs`): eight rows
+//! interleaved per record, nibbles pre-split, scales of the eight rows side
+//! by side.
+//!
+//! A matrix becomes `ceil(rows / 8)` groups of eight rows (the last padded
+//! with zero rows); a group is a run of records, one per super-block of the
+//! type (32 columns for the legacy types, 256 for the k-quants). A record
+//! holds, per 32-column chunk, eight 32-byte vectors: vector `j` byte `i` is
+//! row `i / 4`, column `4j + i % 4` of the chunk, so one `maddubs` of vector
+//! `j` against the token's four bytes at `4j` broadcast gives the eight
+//! rows' partial sums side by side, and a chunk's eight vectors add up in
+//! 16-bit lanes before one `madd` (no horizontal sums, one convert and one
+//! FMA per chunk for eight rows).
+//!
+//! Weights are stored as unsigned integers (`q`, the offset `-8`/`-16`/
+//! `-32` or the min applied through the activation sums), the same values
+//! the reference dequantization uses. Layouts (`d`, `m`, `dmin` are the
+//! rows' f16 fields as stored, eight side by side):
+//!
+//! | type | record (bytes) |
+//! | --- | --- |
+//! | Q4_0 | d 16, nibbles 128 (= 8 × 18) |
+//! | Q4_1 | d 16, m 16, nibbles 128 (= 8 × 20) |
+//! | Q5_0 | d 16, bit 4 32, nibbles 128 (= 8 × 22) |
+//! | Q5_1 | d 16, m 16, bit 4 32, nibbles 128 (= 8 × 24) |
+//! | Q8_0 | d 16, bytes 256 (= 8 × 34) |
+//! | Q4_K | d 16, dmin 16, scales 8×8, mins 8×8, 8 × nibbles 128 (8 × 144 + 32) |
+//! | Q5_K | d 16, dmin 16, scales 8×8, mins 8×8, 8 × (bit 4 32, nibbles 128) (8 × 176 + 32) |
+//! | Q6_K | d 16, scales 16×8 (i8), 8 × (bits 4–5 64, nibbles 128) (= 8 × 210) |
+//!
+//! Nibble plane: 4 vectors of 32 bytes; vector `p`'s low nibbles are weight
+//! vector `p`, its high nibbles weight vector `p + 4`. Bit-4 plane (5-bit
+//! types): byte `i` bit `k` is bit 4 of weight vector `k`, lane `i`. Bits
+//! 4–5 (Q6_K): two vectors, the first holding weight vectors 0–3 (bits
+//! `2k..2k+2` for vector `k`), the second vectors 4–7.
+
+use kiln_format::GgmlType;
+
+/// Rows per group.
+pub(crate) const ROWS: usize = 8;
+
+/// A matrix repacked for the GEMM kernels.
+pub(crate) struct PackedMat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Records per group (super-blocks per row).
+    pub nrec: usize,
+    pub rec_bytes: usize,
+    /// `groups * nrec * rec_bytes` bytes, 64-byte aligned.
+    data: Vec<u64>,
+}
+
+impl PackedMat {
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(ROWS)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        let n = self.groups() * self.nrec * self.rec_bytes;
+        // SAFETY: u64 has no padding; the vector holds at least n bytes.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, n) }
+    }
+}
+
+/// Record size for `ty`, if it has a packed layout.
+pub(crate) fn record_bytes(ty: GgmlType) -> Option<usize> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => 144,
+        Q4_1 => 160,
+        Q5_0 => 176,
+        Q5_1 => 192,
+        Q8_0 => 272,
+        Q4K => 1184,
+        Q5K => 1440,
+        Q6K => 1680,
+        _ => return None,
+    })
+}
+
+/// One 32-column chunk of eight rows as unsigned quants.
+type Chunk = [[u8; 32]; ROWS];
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> [u8; 2] {
+    [b[at], b[at + 1]]
+}
+
+/// Q4_K/Q5_K's 6-bit scale and min of sub-block `j`.
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The nibble plane of a chunk (128 bytes).
+fn put_nibbles(out: &mut [u8], q: &Chunk) {
+    for p in 0..4 {
+        for i in 0..32 {
+            let (r, c) = (i / 4, 4 * p + i % 4);
+            out[32 * p + i] = (q[r][c] & 0x0f) | ((q[r][c + 16] & 0x0f) << 4);
+        }
+    }
+}
+
+/// The bit-4 plane of a chunk (32 bytes).
+fn put_bit4(out: &mut [u8], q: &Chunk) {
+    for i in 0..32 {
+        let mut b = 0u8;
+        for k in 0..8 {
+            b |= ((q[i / 4][4 * k + i % 4] >> 4) & 1) << k;
+        }
+        out[i] = b;
+    }
+}
+
+/// Q6_K's bits 4–5 of a chunk (64 bytes).
+fn put_bits45(out: &mut [u8], q: &Chunk) {
+    for half in 0..2 {
+        for i in 0..32 {
+            let mut b = 0u8;
+            for k in 0..4 {
+                b |= ((q[i / 4][4 * (4 * half + k) + i % 4] >> 4) & 3) << (2 * k);
+            }
+            out[32 * half + i] = b;
+        }
+    }
+}
+
+/// Repacks `rows` rows of `cols` values of type `ty` stored in `bytes`
+/// (`row_bytes` per row). `None` if the type has no packed layout or the
+/// sizes do not fit.
+pub(crate) fn pack(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<PackedMat> {
+    let rec_bytes = record_bytes(ty)?;
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+    if cols == 0 || cols % bs != 0 || row_bytes != cols / bs * ts || bytes.len() < rows * row_bytes
+    {
+        return None;
+    }
+    let nrec = cols / bs;
+    let groups = rows.div_ceil(ROWS);
+    let total = groups * nrec * rec_bytes;
+    let mut data = vec![0u64; total.div_ceil(8)];
+    // SAFETY: as in `bytes`, mutably.
+    let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, total) };
+    let mut q: Chunk = [[0; 32]; ROWS];
+    for g in 0..groups {
+        for b in 0..nrec {
+            let rec = &mut out[(g * nrec + b) * rec_bytes..][..rec_bytes];
+            // The source blocks of the group's rows (None: padding row).
+            let blk = |r: usize| -> Option<&[u8]> {
+                let row = g * ROWS + r;
+                (row < rows).then(|| &bytes[row * row_bytes + b * ts..][..ts])
+            };
+            pack_record(ty, rec, &blk, &mut q);
+        }
+    }
+    Some(PackedMat {
+        ty,
+        rows,
+        cols,
+        nrec,
+        rec_bytes,
+        data,
+    })
+}
+
+fn pack_record<'a>(
+    ty: GgmlType,
+    rec: &mut [u8],
+    blk: &dyn Fn(usize) -> Option<&'a [u8]>,
+    q: &mut Chunk,
+) {
+    use GgmlType::*;
+    // Scale fields: copy the f16 at `src` of each row to `dst + 2r`.
+    let f16s = |rec: &mut [u8], dst: usize, src: usize| {
+        for r in 0..ROWS {
+            if let Some(b) = blk(r) {
+                rec[dst + 2 * r..dst + 2 * r + 2].copy_from_slice(&f16_at(b, src));
+            }
+        }
+    };
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 => {
+            let (has_m, five) = (matches!(ty, Q4_1 | Q5_1), matches!(ty, Q5_0 | Q5_1));
+            let qs_at = match ty {
+                Q4_0 => 2,
+                Q4_1 => 4,
+                Q5_0 => 6,
+                _ => 8,
+            };
+            let qh_at = if has_m { 4 } else { 2 };
+            for (r, qr) in q.iter_mut().enumerate() {
+                let Some(b) = blk(r) else {
+                    *qr = [0; 32];
+                    continue;
+                };
+                let qh = if five {
+                    u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]])
+                } else {
+                    0
+                };
+                for i in 0..16 {
+                    let hl = ((qh >> i) & 1) as u8;
+                    let hh = ((qh >> (i + 16)) & 1) as u8;
+                    qr[i] = (b[qs_at + i] & 0x0f) | (hl << 4);
+                    qr[i + 16] = (b[qs_at + i] >> 4) | (hh << 4);
+                }
+            }
+            f16s(rec, 0, 0);
+            let mut at = 16;
+            if has_m {
+                f16s(rec, 16, 2);
+                at = 32;
+            }
+            if five {
+                put_bit4(&mut rec[at..at + 32], q);
+                at += 32;
+            }
+            put_nibbles(&mut rec[at..at + 128], q);
+        }
+        Q8_0 => {
+            f16s(rec, 0, 0);
+            for j in 0..8 {
+                for i in 0..32 {
+                    rec[16 + 32 * j + i] = blk(i / 4).map_or(0, |b| b[2 + 4 * j + i % 4]);
+                }
+            }
+        }
+        Q4K | Q5K => {
+            let five = ty == Q5K;
+            f16s(rec, 0, 0);
+            f16s(rec, 16, 2);
+            let chunk_bytes = if five { 160 } else { 128 };
+            for c in 0..8 {
+                for (r, qr) in q.iter_mut().enumerate() {
+                    let Some(b) = blk(r) else {
+                        *qr = [0; 32];
+                        rec[32 + 8 * c + r] = 0;
+                        rec[96 + 8 * c + r] = 0;
+                        continue;
+                    };
+                    let (sc, mn) = scale_min_k4(c, &b[4..16]);
+                    rec[32 + 8 * c + r] = sc;
+                    rec[96 + 8 * c + r] = mn;
+                    let (g, hi) = (c / 2, c % 2);
+                    let qs = if five { &b[48..176] } else { &b[16..144] };
+                    for l in 0..32 {
+                        let nib = if hi == 0 {
+                            qs[32 * g + l] & 0x0f
+                        } else {
+                            qs[32 * g + l] >> 4
+                        };
+                        let h = if five { (b[16 + l] >> c) & 1 } else { 0 };
+                        qr[l] = nib | (h << 4);
+                    }
+                }
+                let at = 160 + chunk_bytes * c;
+                if five {
+                    put_bit4(&mut rec[at..at + 32], q);
+                    put_nibbles(&mut rec[at + 32..at + 160], q);
+                } else {
+                    put_nibbles(&mut rec[at..at + 128], q);
+                }
+            }
+        }
+        Q6K => {
+            f16s(rec, 0, 208);
+            for s in 0..16 {
+                for r in 0..ROWS {
+                    rec[16 + 8 * s + r] = blk(r).map_or(0, |b| b[192 + s]);
+                }
+            }
+            for c in 0..8 {
+                let (h, k) = (c / 4, c % 4);
+                for (r, qr) in q.iter_mut().enumerate() {
+                    let Some(b) = blk(r) else {
+                        *qr = [0; 32];
+                        continue;
+                    };
+                    let (ql, qh) = (&b[64 * h..64 * h + 64], &b[128 + 32 * h..128 + 32 * h + 32]);
+                    for l in 0..32 {
+                        let lo = match k {
+                            0 => ql[l] & 0x0f,
+                            1 => ql[l + 32] & 0x0f,
+                            2 => ql[l] >> 4,
+                            _ => ql[l + 32] >> 4,
+                        };
+                        qr[l] = lo | (((qh[l] >> (2 * k)) & 3) << 4);
+                    }
+                }
+                let at = 144 + 192 * c;
+                put_bits45(&mut rec[at..at + 64], q);
+                put_nibbles(&mut rec[at + 64..at + 192], q);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The values of a packed matrix, dequantized (tests: the layout alone
+/// against the reference dequantization).
+#[cfg(test)]
+pub(crate) fn unpack_f32(p: &PackedMat) -> Vec<f32> {
+    use GgmlType::*;
+    let f16 = |b: &[u8], at: usize| f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
+    let nib = |plane: &[u8], r: usize, c: usize| {
+        // weight vector j = c / 4 (c < 16: low nibble of vector p = j).
+        let (j, i) = (c / 4, 4 * r + c % 4);
+        if j < 4 {
+            plane[32 * j + i] & 0x0f
+        } else {
+            plane[32 * (j - 4) + i] >> 4
+        }
+    };
+    let bit4 = |plane: &[u8], r: usize, c: usize| (plane[4 * r + c % 4] >> (c / 4)) & 1;
+    let bs = p.cols / p.nrec;
+    let mut out = vec![0.0f32; p.rows * p.cols];
+    let data = p.bytes();
+    for row in 0..p.rows {
+        let (g, r) = (row / ROWS, row % ROWS);
+        for b in 0..p.nrec {
+            let rec = &data[(g * p.nrec + b) * p.rec_bytes..][..p.rec_bytes];
+            for e in 0..bs {
+                let (c, k) = (e / 32, e % 32);
+                let v = match p.ty {
+                    Q4_0 => f16(rec, 2 * r) * (f32::from(nib(&rec[16..], r, k)) - 8.0),
+                    Q4_1 => {
+                        f16(rec, 2 * r) * f32::from(nib(&rec[32..], r, k)) + f16(rec, 16 + 2 * r)
+                    }
+                    Q5_0 => {
+                        let q = nib(&rec[48..], r, k) | (bit4(&rec[16..], r, k) << 4);
+                        f16(rec, 2 * r) * (f32::from(q) - 16.0)
+                    }
+                    Q5_1 => {
+                        let q = nib(&rec[64..], r, k) | (bit4(&rec[32..], r, k) << 4);
+                        f16(rec, 2 * r) * f32::from(q) + f16(rec, 16 + 2 * r)
+                    }
+                    Q8_0 => {
+                        f16(rec, 2 * r) * f32::from(rec[16 + 32 * (k / 4) + 4 * r + k % 4] as i8)
+                    }
+                    Q4K | Q5K => {
+                        let (sc, mn) = (rec[32 + 8 * c + r], rec[96 + 8 * c + r]);
+                        let q = if p.ty == Q4K {
+                            nib(&rec[160 + 128 * c..], r, k)
+                        } else {
+                            let at = 160 + 160 * c;
+                            nib(&rec[at + 32..], r, k) | (bit4(&rec[at..], r, k) << 4)
+                        };
+                        f16(rec, 2 * r) * f32::from(sc) * f32::from(q)
+                            - f16(rec, 16 + 2 * r) * f32::from(mn)
+                    }
+                    Q6K => {
+                        let at = 144 + 192 * c;
+                        let j = k / 4;
+                        let h = (rec[at + 32 * (j / 4) + 4 * r + k % 4] >> (2 * (j % 4))) & 3;
+                        let q = nib(&rec[at + 64..], r, k) | (h << 4);
+                        let sc = rec[16 + 8 * (e / 16) + r] as i8;
+                        f16(rec, 2 * r) * f32::from(sc) * (f32::from(q) - 32.0)
+                    }
+                    _ => 0.0,
+                };
+                out[row * p.cols + b * bs + e] = v;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+fn f16_to_f32(h: u16) -> f32 {
+    let s = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((h >> 10) & 0x1f);
+    let m = f32::from(h & 0x3ff);
+    s * match e {
+        0 => m * 2f32.powi(-24),
+        31 => f32::INFINITY,
+        _ => (1.0 + m / 1024.0) * 2f32.powi(e - 15),
+    }
+}
