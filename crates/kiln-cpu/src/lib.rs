@@ -9,9 +9,15 @@
 //!
 //! Two kernel sets: the scalar reference (dequantize a row, f32 dot), and
 //! the fast kernels ([`Kernels::Fast`], the default where the CPU has AVX2):
-//! activations quantized to 8 bits per block of 32 and integer dot products
-//! against the weights as stored. `KILN_CPU_KERNELS=reference` or
-//! [`CpuBackend::set_kernels`] selects the reference.
+//! activations quantized to 8 bits per block of 32 and integer dot products.
+//! For the fast kernels the layer matrices of the common quantized types
+//! (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K) are repacked at load, eight
+//! rows interleaved (`packed.rs`), and run by a GEMM kernel (`gemm.rs`,
+//! tiles of 8 rows × 4 tokens) for prefill and decode alike; the copy
+//! replaces the mapped rows on the hot path (same size, +3% for Q4_K/Q5_K;
+//! `KILN_CPU_REPACK=0` turns it off). Other matrices (the output and
+//! embedding, other types) are read as stored. `KILN_CPU_KERNELS=reference`
+//! or [`CpuBackend::set_kernels`] selects the reference.
 
 mod attn;
 #[cfg(target_arch = "x86_64")]
@@ -555,9 +561,12 @@ impl Backend for CpuBackend {
 
         for (li, layer) in w.layers.iter().enumerate() {
             let ld = d.layers[li];
-            layer
-                .attn_norm
-                .rows(d.norm, &s.x[..n * hid], &mut s.xn[..n * hid], hid, eps);
+            if li == 0 {
+                // Later layers' input norm ran with the previous residual.
+                layer
+                    .attn_norm
+                    .rows(d.norm, &s.x[..n * hid], &mut s.xn[..n * hid], hid, eps);
+            }
             project(
                 pool,
                 locals,
@@ -666,19 +675,17 @@ impl Backend for CpuBackend {
                     y: SyncPtr(s.tmp.as_mut_ptr()),
                 }],
             );
-            residual(
+            residual_norm(
+                pool,
                 d.norm,
-                &mut s.x,
+                (&mut s.x, &mut s.xn),
                 &s.tmp,
                 layer.post_attn_norm.as_ref(),
+                Some(&layer.ffn_norm),
                 n,
                 hid,
                 eps,
             );
-
-            layer
-                .ffn_norm
-                .rows(d.norm, &s.x[..n * hid], &mut s.xn[..n * hid], hid, eps);
             {
                 let up = Op {
                     w: &layer.up,
@@ -753,11 +760,13 @@ impl Backend for CpuBackend {
                     y: SyncPtr(s.tmp.as_mut_ptr()),
                 }],
             );
-            residual(
+            residual_norm(
+                pool,
                 d.norm,
-                &mut s.x,
+                (&mut s.x, &mut s.xn),
                 &s.tmp,
                 layer.post_ffn_norm.as_ref(),
+                w.layers.get(li + 1).map(|l| &l.attn_norm),
                 n,
                 hid,
                 eps,
@@ -798,6 +807,52 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
+}
+
+/// Per token: `x += y`, or `x += post_norm(y)` when the layer has a
+/// post-norm; then `xn = next(x)` when `next` is given. Tokens split over
+/// the pool's threads for batches of 8 or more (each token's arithmetic is
+/// the same either way).
+#[allow(clippy::too_many_arguments)]
+fn residual_norm(
+    pool: &ThreadPool,
+    kind: NormKind,
+    (x, xn): (&mut [f32], &mut [f32]),
+    y: &[f32],
+    post: Option<&Norm>,
+    next: Option<&Norm>,
+    n: usize,
+    hid: usize,
+    eps: f32,
+) {
+    let run = |x: &mut [f32], xn: &mut [f32], y: &[f32], nt: usize| {
+        residual(kind, x, y, post, nt, hid, eps);
+        if let Some(norm) = next {
+            norm.rows(kind, x, xn, hid, eps);
+        }
+    };
+    let nt = pool.n_threads();
+    if n < 8 || nt == 1 {
+        run(&mut x[..n * hid], &mut xn[..n * hid], &y[..n * hid], n);
+        return;
+    }
+    assert!(x.len() >= n * hid && xn.len() >= n * hid && y.len() >= n * hid);
+    let (xp, xnp) = (SyncPtr(x.as_mut_ptr()), SyncPtr(xn.as_mut_ptr()));
+    pool.run(&|tid| {
+        let (t0, t1) = (n * tid / nt, n * (tid + 1) / nt);
+        if t0 < t1 {
+            let len = (t1 - t0) * hid;
+            // SAFETY: tokens t0..t1 of x and xn belong to this thread; both
+            // hold n * hid values (checked above).
+            let (xs, xns) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(xp.ptr().add(t0 * hid), len),
+                    std::slice::from_raw_parts_mut(xnp.ptr().add(t0 * hid), len),
+                )
+            };
+            run(xs, xns, &y[t0 * hid..t1 * hid], t1 - t0);
+        }
+    });
 }
 
 /// `x += y`, or `x += post_norm(y)` when the layer has a post-norm, per token.
