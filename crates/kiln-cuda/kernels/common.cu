@@ -15,6 +15,32 @@ typedef unsigned long long u64;
 #define ACT_GELU_TANH 1
 #define ACT_GELU 2
 
+// Programmatic dependent launch (sm_90+; no-ops before, and when a kernel
+// was launched without it): `pdl_wait` blocks until the kernels before this
+// one have finished and their writes are visible; `pdl_launch` lets the next
+// kernel start its blocks. Every kernel calls PDL_ENTRY() first, except the
+// GEMVs, which prefetch their (never written) weights before waiting.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() \
+    do {            \
+        pdl_wait(); \
+        pdl_launch(); \
+    } while (0)
+
+// Pulls `bytes` at p into L2, lines spread over the warp's lanes.
+__device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes, int lane) {
+    for (u64 o = (u64)lane * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -45,6 +71,24 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// Block b of 32 activations (lane i holds value i, all 32 lanes present) to
+// 8 bits: d = amax / 127, q = round-half-even(v / d), s = d * Σq — kiln-cpu's
+// QAct arithmetic, so GPU and CPU fast paths see the same integers.
+__device__ __forceinline__ void quant_q8_warp(float v, int lane, u64 b, i8* q, float* d, float* s) {
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.0f;
+    float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int qi = __float2int_rn(v * id);
+    q[b * 32 + lane] = (i8)qi;
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        d[b] = dd;
+        s[b] = dd * (float)sum;
+    }
 }
 
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024).

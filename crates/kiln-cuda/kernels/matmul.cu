@@ -58,7 +58,7 @@ __device__ __forceinline__ void mm_impl(const u8* __restrict__ W, u64 row_bytes,
 #define MM(TNAME, T, NT)                                                                       \
     extern "C" __global__ void mm_##TNAME##_##NT(const u8* W, u64 row_bytes, int rows, int cols, \
                                                  const float* x, int n, float* y, int ystride,   \
-                                                 const float* bias) {                            \
+                                                 const float* bias) { PDL_ENTRY(); \
         mm_impl<T, NT>(W, row_bytes, rows, cols, x, n, y, ystride, bias);                        \
     }
 
@@ -132,7 +132,7 @@ __device__ __forceinline__ void mv_impl(const u8* __restrict__ W, u64 row_bytes,
 
 #define MV(TNAME, T)                                                                              \
     extern "C" __global__ void mv_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,           \
-                                          const float* x, float* y, const float* bias) {            \
+                                          const float* x, float* y, const float* bias) { PDL_ENTRY(); \
         mv_impl<T, 4>(W, row_bytes, rows, cols, x, y, bias);                                        \
     }
 
@@ -179,7 +179,7 @@ __device__ __forceinline__ void embed_impl(const u8* __restrict__ W, u64 row_byt
 #define EMBED(TNAME, T)                                                                            \
     extern "C" __global__ void embed_##TNAME(const u8* W, u64 row_bytes, int cols, const u32* tokens, \
                                              const u32* positions, float scale, const float* pos,   \
-                                             float* x) {                                             \
+                                             float* x) { PDL_ENTRY(); \
         embed_impl<T>(W, row_bytes, cols, tokens, positions, scale, pos, x);                         \
     }
 
@@ -244,7 +244,7 @@ __device__ __forceinline__ void deq_impl(const u8* __restrict__ W, u64 row_bytes
 
 #define DEQ(TNAME, T)                                                                          \
     extern "C" __global__ void deq_##TNAME(const u8* W, u64 row_bytes, int nrows, int cols,   \
-                                           u16* dst, int fmt) {                                \
+                                           u16* dst, int fmt) { PDL_ENTRY(); \
         deq_impl<T>(W, row_bytes, nrows, cols, dst, fmt);                                      \
     }
 
@@ -263,14 +263,14 @@ DEQ(q5_k, T_Q5_K)
 DEQ(q6_k, T_Q6_K)
 
 // y[i] = x[i] as 16-bit floats. grid-stride; block: 256.
-extern "C" __global__ void to_half(const float* __restrict__ x, u64 n, u16* __restrict__ y, int fmt) {
+extern "C" __global__ void to_half(const float* __restrict__ x, u64 n, u16* __restrict__ y, int fmt) { PDL_ENTRY();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         y[i] = f2half(x[i], fmt);
 }
 
 // y[t][r] += bias[r] for t < n, r < rows. grid-stride; block: 256.
 extern "C" __global__ void add_bias(float* __restrict__ y, int ystride, int rows, int n,
-                                    const float* __restrict__ bias) {
+                                    const float* __restrict__ bias) { PDL_ENTRY();
     u64 total = (u64)rows * n;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         int t = (int)(i / rows), r = (int)(i % rows);

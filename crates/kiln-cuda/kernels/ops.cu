@@ -34,15 +34,96 @@ __device__ __forceinline__ float norm_one(float v, int i, int kind, double mean,
     return v * finv * (w ? w[i] : 1.0f);
 }
 
-// Per token (grid: n; block: 256):
+// Mean and 1/std (LayerNorm) or 0 and 1/rms (RMSNorm) of values held in
+// registers: v[k] is element threadIdx.x + k * blockDim.x (0 past n). f64
+// sums as norm_stats.
+template <int V>
+__device__ __forceinline__ void reg_stats(const float* v, int n, int kind, float eps, double* mean, double* inv) {
+    double s = 0.0, m = 0.0;
+    if (kind == NORM_LAYER) {
+#pragma unroll
+        for (int k = 0; k < V; k++) s += (double)v[k];
+        m = block_sum_d(s) / (double)n;
+        s = 0.0;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            double d = (double)v[k] - m;
+            if (threadIdx.x + k * blockDim.x < n) s += d * d;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) s += (double)v[k] * (double)v[k];
+    }
+    double var = block_sum_d(s) / (double)n;
+    *mean = m;
+    *inv = 1.0 / sqrt(var + (double)eps);
+}
+
+// Per token (grid: n; block: AN_THREADS):
 //   if y: x += post ? norm(y; pw, pb) : y
-//   if w: out = norm(x; w, b)
-extern "C" __global__ void add_norm(float* x, const float* y, const float* pw, const float* pb,
+//   if w: out = norm(x; w, b), and with q (one token, hid % 32 == 0) also
+//         quantized to 8 bits for the next GEMV (q, qd, qs as quantize_q8).
+// Rows of up to AN_THREADS * AN_V values stay in registers (one global read
+// of x and y, one write each: the kernel is latency-bound at decode).
+#define AN_THREADS 512
+#define AN_V 8
+extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
-                                    int kind) {
+                                    int kind, i8* q, float* qd, float* qs) { PDL_ENTRY();
     int t = blockIdx.x;
     float* xr = x + (u64)t * hid;
     double mean, inv;
+    if (hid <= AN_V * (int)blockDim.x) {
+        float xv[AN_V];
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            xv[k] = i < hid ? xr[i] : 0.0f;
+        }
+        if (y) {
+            const float* yr = y + (u64)t * hid;
+            float yv[AN_V];
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) {
+                int i = threadIdx.x + k * blockDim.x;
+                yv[k] = i < hid ? yr[i] : 0.0f;
+            }
+            if (pw) {
+                reg_stats<AN_V>(yv, hid, kind, eps, &mean, &inv);
+                float finv = (float)inv;
+#pragma unroll
+                for (int k = 0; k < AN_V; k++) {
+                    int i = threadIdx.x + k * blockDim.x;
+                    if (i < hid) xv[k] += norm_one(yv[k], i, kind, mean, inv, finv, pw, pb);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < AN_V; k++) xv[k] += yv[k];
+            }
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) {
+                int i = threadIdx.x + k * blockDim.x;
+                if (i < hid) xr[i] = xv[k];
+            }
+        }
+        if (w) {
+            reg_stats<AN_V>(xv, hid, kind, eps, &mean, &inv);
+            float finv = (float)inv;
+            float* o = out + (u64)t * hid;
+            int lane = threadIdx.x & 31;
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) {
+                int i = threadIdx.x + k * blockDim.x;
+                if (i < hid) {
+                    float v = norm_one(xv[k], i, kind, mean, inv, finv, w, b);
+                    o[i] = v;
+                    // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
+                    if (q) quant_q8_warp(v, lane, (u64)(i >> 5), q, qd, qs);
+                }
+            }
+        }
+        return;
+    }
     if (y) {
         const float* yr = y + (u64)t * hid;
         if (pw) {
@@ -60,12 +141,18 @@ extern "C" __global__ void add_norm(float* x, const float* y, const float* pw, c
         float finv = (float)inv;
         float* o = out + (u64)t * hid;
         for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+        if (q) {
+            __syncthreads();
+            int lane = threadIdx.x & 31;
+            for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
+                quant_q8_warp(o[blk * 32 + lane], lane, (u64)blk, q, qd, qs);
+        }
     }
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
 extern "C" __global__ void gather_norm(const float* x, const u32* rows, const float* w, const float* b,
-                                       float* out, int hid, float eps, int kind) {
+                                       float* out, int hid, float eps, int kind) { PDL_ENTRY();
     const float* xr = x + (u64)rows[blockIdx.x] * hid;
     double mean, inv;
     norm_stats(xr, hid, kind, eps, &mean, &inv);
@@ -82,7 +169,7 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
                                     const float* qnw, const float* knw, float eps,
                                     const float* cosb, const float* sinb, int rope_dim, int neox,
                                     const u32* positions, const u32* rowidx, const u32* tables,
-                                    int tstride, int bs, int nlg, int lig, float* kc, float* vc) {
+                                    int tstride, int bs, int nlg, int lig, float* kc, float* vc) { PDL_ENTRY();
     __shared__ float h[512];
     int hi = blockIdx.x, t = blockIdx.y;
     int kvd = n_kv * hd;
@@ -156,7 +243,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                                      int n_heads, int n_kv, int hd, const u32* positions,
                                      const u32* ends, const u32* rowidx, const u32* tables,
                                      int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride, float* part, u32* counters) {
+                                     float softcap, float* out, int ostride, float* part, u32* counters) { PDL_ENTRY();
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
     __shared__ int last;
@@ -393,6 +480,7 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd, \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride,     \
         int bs, int nlg, int lig, int window, float scale, float softcap, float* out, int ostride) {  \
+        PDL_ENTRY();                                                                                  \
         attention_gqa_impl<G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
                               tstride, bs, nlg, lig, window, scale, softcap, out, ostride);           \
     }
@@ -419,7 +507,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
                                           int n, int n_kv, int hd, int G, const u32* positions,
                                           const u32* ends, const u32* rowidx, const u32* tables,
                                           int tstride, int bs, int nlg, int lig, int window,
-                                          float scale, float softcap, float* out, int ostride) {
+                                          float scale, float softcap, float* out, int ostride) { PDL_ENTRY();
     // q rows at stride AT_HD; K/V rows at stride AT_KS (16-byte aligned, and
     // lanes reading float4s of different rows hit different banks).
     __shared__ float4 qs4[AT_ROWS * AT_HD / 4];
@@ -571,8 +659,10 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
 }
 
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
+// With q (n * inter % 32 == 0, block a multiple of 32): also quantized to 8
+// bits per 32 values (a warp holds 32 consecutive, aligned values).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
-                                   float* out) {
+                                   float* out, i8* q, float* qd, float* qs) { PDL_ENTRY();
     u64 total = (u64)n * inter;
     for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (u64)gridDim.x * blockDim.x) {
         u64 t = k / inter, i = k % inter;
@@ -580,18 +670,19 @@ extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n
         float v = activate(kind, r[i]);
         if (gated) v *= r[inter + i];
         out[k] = v;
+        if (q) quant_q8_warp(v, threadIdx.x & 31, k >> 5, q, qd, qs);
     }
 }
 
 // x = tanh(x / c) * c in place.
-extern "C" __global__ void softcap(float* x, u64 n, float c) {
+extern "C" __global__ void softcap(float* x, u64 n, float c) { PDL_ENTRY();
     for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (u64)gridDim.x * blockDim.x)
         x[k] = tanhf(x[k] / c) * c;
 }
 
 // Greedy: index of the largest of each row (lowest index on ties; NaN never
 // wins). grid: rows; block: 1024.
-extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out) {
+extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out) { PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ u32 bi[32];
     const float* r = x + (u64)blockIdx.x * cols;
@@ -650,7 +741,7 @@ __device__ __forceinline__ u64 mix64(u64 z) {
 // the float keys. params per row (u32 x4): temp (f32 bits), top_k, seed lo,
 // seed hi. NaN logits never win; temp <= 0 is the plain argmax.
 // grid: rows; block: 1024.
-extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* params, u32* out) {
+extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* params, u32* out) { PDL_ENTRY();
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_k;
     __shared__ float bv[32];

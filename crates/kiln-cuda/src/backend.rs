@@ -71,6 +71,9 @@ pub(crate) fn mvq_type_name(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// Rows per warp of the `mvq_*` kernels.
+pub(crate) const MVQ_ROWS: usize = 1;
+
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
 /// Visible positions per slice the split count aims at.
@@ -420,8 +423,11 @@ pub struct CudaBackend {
     gemm_min: usize,
     /// See [`CudaOptions::exact`].
     exact: bool,
-    /// Slices per (query head, token) of the decode attention (1: no split).
+    /// Most slices per (query head, token) of the decode attention (a power
+    /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
+    /// Visible positions per slice the split aims at.
+    att_slice: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -927,10 +933,20 @@ impl CudaBackend {
         } else {
             0
         };
-        let att_split = layout
-            .max_ctx
-            .div_ceil(ATT_SPLIT_POSITIONS)
-            .clamp(1, ATT_SPLIT_MAX);
+        // `$KILN_CUDA_ATT_SPLIT=S` splits every decode attention into up to
+        // S slices of one position or more (tests of the merge).
+        let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let att_slice = if forced.is_some() {
+            1
+        } else {
+            ATT_SPLIT_POSITIONS
+        };
+        let att_split = forced
+            .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SPLIT_POSITIONS))
+            .clamp(1, ATT_SPLIT_MAX)
+            .next_power_of_two();
         let split_pairs = b.min(ATT_SPLIT_MAX_TOKENS) * d.n_heads;
         let att_part_floats = if att_split > 1 {
             split_pairs * att_split * (d.head_dim + 2)
@@ -1098,7 +1114,9 @@ impl CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
             row_seqs: Vec::with_capacity(b),
-            graphs: (0..=max_graph).map(|_| None).collect(),
+            graphs: (0..=max_graph)
+                .flat_map(|_| (0..=att_split.trailing_zeros()).map(|_| None))
+                .collect(),
             use_graphs: opts.graphs,
             desc,
             layout,
@@ -1118,6 +1136,7 @@ impl CudaBackend {
             gemm_min: opts.gemm_min,
             exact: opts.exact,
             att_split,
+            att_slice,
             att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1269,7 +1288,7 @@ impl CudaBackend {
             if let Some(f) = self.k.mvq[mat.ty.id() as usize] {
                 return self.gpu.launch(
                     f,
-                    (mat.rows.div_ceil(MV_WARPS) as u32, 1, 1),
+                    (mat.rows.div_ceil(MV_WARPS * MVQ_ROWS) as u32, 1, 1),
                     (MV_WARPS * 32) as u32,
                     &[
                         Arg::P(mat.ptr()),
@@ -1479,9 +1498,29 @@ impl CudaBackend {
     }
 
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
-    fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
-        if n == 1 && n < self.gemm_min {
-            if let Some((m, _)) = p.parts.iter().find(|(m, _)| self.uses_q8(m)) {
+    /// Whether a `p` over `n` tokens reads `s.xq` (8-bit activations).
+    fn proj_q8(&self, p: &Proj, n: usize) -> bool {
+        n == 1 && n < self.gemm_min && p.parts.iter().any(|(m, _)| self.uses_q8(m))
+    }
+
+    /// The 8-bit activation buffers for a producer kernel to fill when the
+    /// consumer `p` reads them (else null pointers).
+    fn q8_args(&self, p: &Proj, n: usize) -> [Arg; 3] {
+        if self.proj_q8(p, n) {
+            [
+                Arg::P(self.s.xq.ptr),
+                Arg::P(self.s.xq_d.ptr),
+                Arg::P(self.s.xq_s.ptr),
+            ]
+        } else {
+            [Arg::P(0), Arg::P(0), Arg::P(0)]
+        }
+    }
+
+    /// `x_q8`: the producer of `x` already filled `s.xq` ([`Self::q8_args`]).
+    fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize, x_q8: bool) -> CuResult<()> {
+        if !x_q8 && self.proj_q8(p, n) {
+            if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols)?;
             }
         }
@@ -1492,6 +1531,9 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `next`: the projection that reads `out` (its 8-bit activations are
+    /// filled here when it takes them).
+    #[allow(clippy::too_many_arguments)]
     fn add_norm(
         &self,
         n: usize,
@@ -1499,12 +1541,17 @@ impl CudaBackend {
         post: Option<&DNorm>,
         norm: Option<&DNorm>,
         out: u64,
+        next: Option<&Proj>,
     ) -> CuResult<()> {
         let d = &self.desc;
+        let q = match next {
+            Some(p) if norm.is_some() => self.q8_args(p, n),
+            _ => [Arg::P(0), Arg::P(0), Arg::P(0)],
+        };
         self.gpu.launch(
             self.k.add_norm,
             (n as u32, 1, 1),
-            256,
+            512, // AN_THREADS in ops.cu
             &[
                 Arg::P(self.s.x.ptr),
                 Arg::P(y),
@@ -1516,13 +1563,26 @@ impl CudaBackend {
                 Arg::I(d.hidden as i32),
                 Arg::F(d.norm_eps),
                 Arg::I(norm_kind(d.norm)),
+                q[0],
+                q[1],
+                q[2],
             ],
         )
     }
 
     /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
     /// want logits; with `greedy`, also the argmax of each logits row.
-    fn enqueue(&self, n: usize, k: usize, greedy: bool) -> CuResult<()> {
+    /// Slices for the decode attention of `batch`: about ATT_SPLIT_POSITIONS
+    /// visible positions each, a power of two up to `att_split` (graphs are
+    /// kept per batch size and split).
+    fn split_for(&self, batch: &Batch<'_>) -> usize {
+        let len = batch.positions.iter().max().map_or(1, |&p| p as usize + 1);
+        len.div_ceil(self.att_slice)
+            .next_power_of_two()
+            .min(self.att_split)
+    }
+
+    fn enqueue(&self, n: usize, k: usize, greedy: bool, split: usize) -> CuResult<()> {
         let d = &self.desc;
         let s = &self.s;
         let ml = self.ml;
@@ -1550,9 +1610,9 @@ impl CudaBackend {
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
             if li == 0 {
-                self.add_norm(n, 0, None, Some(&l.attn_norm), s.xn.ptr)?;
+                self.add_norm(n, 0, None, Some(&l.attn_norm), s.xn.ptr, Some(&l.qkv))?;
             }
-            self.proj(&l.qkv, s.xn.ptr, n, s.qkv.ptr, qkv_dim)?;
+            self.proj(&l.qkv, s.xn.ptr, n, s.qkv.ptr, qkv_dim, true)?;
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
@@ -1634,9 +1694,7 @@ impl CudaBackend {
             } else {
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
-                    None if n <= ATT_SPLIT_MAX_TOKENS => {
-                        (self.k.attention, d.n_heads, self.att_split)
-                    }
+                    None if n <= ATT_SPLIT_MAX_TOKENS => (self.k.attention, d.n_heads, split),
                     None => (self.k.attention, d.n_heads, 1),
                 };
                 // `attention` takes two more arguments than `attention_g*`
@@ -1671,17 +1729,25 @@ impl CudaBackend {
                     ],
                 )?;
             }
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid)?;
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;
             self.add_norm(
                 n,
                 s.tmp.ptr,
                 l.post_attn_norm.as_ref(),
                 Some(&l.ffn_norm),
                 s.xn.ptr,
+                Some(&l.gate_up),
             )?;
             let gu_stride = l.gate_up.rows;
-            self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride)?;
+            self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride, true)?;
             let total = n * inter;
+            #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+            let q = if total % 32 == 0 {
+                self.q8_args(&l.down, n)
+            } else {
+                [Arg::P(0), Arg::P(0), Arg::P(0)]
+            };
+            let down_q8 = !matches!(q[0], Arg::P(0));
             self.gpu.launch(
                 self.k.act_mul,
                 (total.div_ceil(256).clamp(1, 8192) as u32, 1, 1),
@@ -1694,11 +1760,21 @@ impl CudaBackend {
                     Arg::I(i32::from(d.gated_ffn)),
                     Arg::I(act_kind(d.activation)),
                     Arg::P(s.act.ptr),
+                    q[0],
+                    q[1],
+                    q[2],
                 ],
             )?;
-            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid)?;
-            let next = self.layers.get(li + 1).map(|nl| &nl.attn_norm);
-            self.add_norm(n, s.tmp.ptr, l.post_ffn_norm.as_ref(), next, s.xn.ptr)?;
+            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid, down_q8)?;
+            let next = self.layers.get(li + 1);
+            self.add_norm(
+                n,
+                s.tmp.ptr,
+                l.post_ffn_norm.as_ref(),
+                next.map(|nl| &nl.attn_norm),
+                s.xn.ptr,
+                next.map(|nl| &nl.qkv),
+            )?;
         }
         if k == 0 {
             return Ok(());
@@ -1751,21 +1827,25 @@ impl CudaBackend {
     /// (one token per sequence, all wanting logits) and graphs are on.
     fn run(&mut self, batch: &Batch<'_>, k: usize, greedy: bool) -> Result<()> {
         let n = batch.len();
-        let decode_like = k == n && n < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
+        let split = self.split_for(batch);
+        let levels = self.att_split.trailing_zeros() as usize + 1;
+        let gi = n * levels + split.trailing_zeros() as usize;
+        let decode_like =
+            k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
         if !decode_like {
-            self.enqueue(n, k, greedy)?;
+            self.enqueue(n, k, greedy, split)?;
             return Ok(());
         }
-        // Graphs are keyed by n; the greedy argmax is a separate launch so
-        // one graph serves both paths.
-        if self.graphs[n].is_none() {
+        // Graphs are keyed by (n, split); the greedy argmax is a separate
+        // launch so one graph serves both paths.
+        if self.graphs[gi].is_none() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue(n, k, false);
+            let r = self.enqueue(n, k, false, split);
             let g = self.gpu.end_capture();
             r?;
-            self.graphs[n] = Some(g?);
+            self.graphs[gi] = Some(g?);
         }
-        if let Some(g) = &self.graphs[n] {
+        if let Some(g) = &self.graphs[gi] {
             self.gpu.replay(g)?;
         }
         if greedy {

@@ -174,6 +174,12 @@ pub struct Gpu {
     pub(crate) stream: sys::CUstream,
     module: sys::CUmodule,
     funcs: HashMap<String, sys::CUfunction>,
+    /// Launch with programmatic dependent launch (sm_90+, `$KILN_CUDA_PDL`
+    /// not 0): a kernel may start while the previous one finishes; every
+    /// kernel waits (`griddepcontrol.wait`) before touching what earlier
+    /// kernels wrote, so only work that needs nothing from them (the
+    /// GEMVs' weight prefetch, launch and block scheduling) overlaps.
+    pub pdl: bool,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -441,6 +447,7 @@ impl Gpu {
             module,
             funcs: HashMap::new(),
             profile: std::cell::RefCell::new(None),
+            pdl: cc.0 >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
         })
     }
 
@@ -510,16 +517,41 @@ impl Gpu {
         };
         // SAFETY: the arguments match the kernel's parameters (checked by
         // the callers' construction); slots outlive the call.
-        let r = drv("kernel launch", unsafe {
-            dr::launch_kernel(
-                f,
-                grid,
-                (block, 1, 1),
-                0,
-                self.stream,
-                &mut ptrs[..args.len()],
-            )
-        });
+        let r = if self.pdl {
+            let mut attr = sys::CUlaunchAttribute_st {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig_st {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as launch_kernel below; cfg and attr outlive the call.
+            drv("kernel launch", unsafe {
+                sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
+            })
+        } else {
+            drv("kernel launch", unsafe {
+                dr::launch_kernel(
+                    f,
+                    grid,
+                    (block, 1, 1),
+                    0,
+                    self.stream,
+                    &mut ptrs[..args.len()],
+                )
+            })
+        };
         if let Some(ev) = timed {
             // SAFETY: live event and stream.
             drv("event", unsafe { dr::event::record(ev, self.stream) })?;

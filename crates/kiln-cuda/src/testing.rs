@@ -234,7 +234,7 @@ pub fn matvec_fast(
         let f = gpu.func(&format!("mvq_{name}"))?;
         gpu.launch(
             f,
-            grid,
+            (rows.div_ceil(8 * crate::backend::MVQ_ROWS) as u32, 1, 1),
             256,
             &[
                 Arg::P(dw.ptr),
