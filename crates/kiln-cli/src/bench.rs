@@ -14,12 +14,16 @@
 //! records use llama-batched-bench's columns and field names.
 //!
 //! The backend is built as `kiln run` builds it (`--device`, `--gpu-mem`);
-//! the records' `backend` field says `cpu` or `cuda`.
+//! the records' `backend` field says `cpu` or `cuda`. Generated tokens are
+//! greedy; a backend that samples on its device (CUDA) returns only the ids
+//! (`sampling`: `device`), others return logits rows argmaxed on the host
+//! (`host`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln_core::{Backend, Engine, KvLayout};
+use kiln_core::engine::{Feed, Logits};
+use kiln_core::{Backend, DeviceSampling, Engine, KvLayout};
 use kiln_cpu::Kernels;
 use kiln_format::{Model, TensorType};
 
@@ -246,6 +250,8 @@ struct On {
     kind: BackendKind,
     kernels: Kernels,
     threads: usize,
+    /// Greedy tokens are picked on the device (only ids come back).
+    device_sampling: bool,
 }
 
 impl On {
@@ -269,6 +275,7 @@ impl Setup {
             "model_n_params": self.params,
             "n_threads": on.threads,
             "backend": on.kind.as_str(),
+            "sampling": if on.device_sampling { "device" } else { "host" },
         });
         if on.kind == BackendKind::Cpu {
             v["kernels"] = serde_json::json!(match on.kernels {
@@ -407,6 +414,7 @@ pub fn run(a: Args) -> CliResult {
             kind,
             kernels,
             threads: nt,
+            device_sampling: backend.samples_on_device(),
         };
         // The bandwidth floor is the CPU's memory read rate.
         let bandwidth = match kind {
@@ -447,7 +455,11 @@ pub fn run(a: Args) -> CliResult {
                 let samples = rates(reps, n, &mut e, |e| {
                     let mut tok = tokens[0];
                     for _ in 0..n {
-                        tok = kiln_core::sampler::argmax(e.decode(0, tok)?);
+                        tok = if on.device_sampling {
+                            e.decode_sampled(0, tok, GREEDY)?
+                        } else {
+                            kiln_core::sampler::argmax(e.decode(0, tok)?)
+                        };
                     }
                     Ok(())
                 })?;
@@ -474,6 +486,13 @@ pub fn run(a: Args) -> CliResult {
     crate::write_stdout(&out)?;
     Ok(())
 }
+
+/// Greedy sampling on the device.
+const GREEDY: DeviceSampling = DeviceSampling {
+    temperature: 0.0,
+    top_k: 0,
+    seed: 0,
+};
 
 /// The prompt lengths of batched runs; `-p 0` alone runs generation only.
 fn prompts_or_zero(prompts: &[usize]) -> Vec<usize> {
@@ -527,11 +546,29 @@ fn batched_once<B: Backend>(
         }
     }
     let t_pp = t.elapsed().as_secs_f64();
+    let on_device = e.backend.samples_on_device();
+    let greedy = vec![GREEDY; b];
+    let mut ids = vec![0u32; b];
     let t = Instant::now();
     for _ in 0..g {
-        let logits = e.decode_batch(&items)?;
-        for (item, row) in items.iter_mut().zip(logits.chunks_exact(vocab)) {
-            item.1 = kiln_core::sampler::argmax(row);
+        if on_device {
+            let feeds: Vec<Feed<'_>> = items
+                .iter()
+                .map(|(slot, token)| Feed {
+                    slot: *slot,
+                    tokens: std::slice::from_ref(token),
+                    logits: Logits::Last,
+                })
+                .collect();
+            e.step_sampled(&feeds, &greedy, &mut ids)?;
+            for (item, &id) in items.iter_mut().zip(&ids) {
+                item.1 = id;
+            }
+        } else {
+            let logits = e.decode_batch(&items)?;
+            for (item, row) in items.iter_mut().zip(logits.chunks_exact(vocab)) {
+                item.1 = kiln_core::sampler::argmax(row);
+            }
         }
     }
     let t_tg = t.elapsed().as_secs_f64();

@@ -43,6 +43,7 @@ fn batched_records() {
     assert_eq!(r.len(), 3, "{out}");
     for (rec, b) in r.iter().zip([1u64, 2, 5]) {
         assert_eq!(rec["backend"], "cpu", "{rec}");
+        assert_eq!(rec["sampling"], "host", "{rec}");
         assert_eq!(rec["n_threads"], 1);
         assert_eq!(rec["pp"], 8);
         assert_eq!(rec["tg"], 4);
@@ -97,6 +98,7 @@ fn llama_bench_records_keep_their_fields() {
     for rec in &r {
         assert_eq!(rec["backend"], "cpu");
         assert_eq!(rec["kernels"], "fast");
+        assert_eq!(rec["sampling"], "host");
         assert_eq!(rec["samples_ts"].as_array().map(Vec::len), Some(2));
         for f in [
             "avg_ts",

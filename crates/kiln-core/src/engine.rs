@@ -330,6 +330,41 @@ impl<B: Backend> Engine<B> {
         Ok(&mut self.logits[..rows * self.vocab])
     }
 
+    /// Like [`Engine::step`], but the backend samples each requested row on
+    /// its device with the matching entry of `params` and only the ids come
+    /// back (`ids[i]` for the i-th row). Call only when
+    /// [`Backend::samples_on_device`].
+    pub fn step_sampled(
+        &mut self,
+        feeds: &[Feed<'_>],
+        params: &[DeviceSampling],
+        ids: &mut [u32],
+    ) -> Result<()> {
+        let rows: usize = feeds.iter().map(Feed::rows).sum();
+        if params.len() < rows || ids.len() < rows {
+            return Err(EngineError::Input(format!(
+                "{rows} rows to sample, with {} sampling settings and room for {} ids",
+                params.len(),
+                ids.len()
+            )));
+        }
+        self.stage(feeds.iter().copied())?;
+        self.run_staged_sampled(params, ids)?;
+        self.commit(feeds.iter().copied());
+        Ok(())
+    }
+
+    /// Runs the staged batch with sampling on the device.
+    fn run_staged_sampled(&mut self, params: &[DeviceSampling], ids: &mut [u32]) -> Result<()> {
+        let batch = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            seqs: &self.seqs,
+            want_logits: &self.want,
+        };
+        self.backend.forward_sampled(&batch, &self.kv, params, ids)
+    }
+
     /// Feeds `tokens` to sequence `slot` in chunks of the backend's batch
     /// size (of the logits rows with `all_logits`). Each chunk's logits rows
     /// (every token's with `all_logits`, else only the last token's) are
@@ -403,17 +438,9 @@ impl<B: Backend> Engine<B> {
     /// [`Backend::samples_on_device`].
     pub fn decode_sampled(&mut self, slot: usize, token: u32, s: DeviceSampling) -> Result<u32> {
         self.stage_decode(&[(slot, token)])?;
-        let batch = Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            seqs: &self.seqs,
-            want_logits: &self.want,
-        };
         let mut id = [0u32];
-        self.backend
-            .forward_sampled(&batch, &self.kv, &[s], &mut id)?;
-        let len = self.kv.len(slot) + 1;
-        self.kv.commit(slot, len);
+        self.run_staged_sampled(&[s], &mut id)?;
+        self.commit(Self::decode_feeds(&[(slot, token)]));
         Ok(id[0])
     }
 
@@ -552,6 +579,24 @@ mod tests {
             ));
             Ok(())
         }
+        fn samples_on_device(&self) -> bool {
+            true
+        }
+        /// "Samples" (token + position + temperature) of each wanted row.
+        fn forward_sampled(
+            &mut self,
+            b: &Batch<'_>,
+            kv: &KvTables,
+            params: &[DeviceSampling],
+            ids: &mut [u32],
+        ) -> Result<()> {
+            let mut rows = vec![0.0; 10 * b.n_logits()];
+            self.forward(b, kv, &mut rows)?;
+            for (i, r) in rows.chunks(10).enumerate() {
+                ids[i] = (r[0] + r[1] + params[i].temperature) as u32;
+            }
+            Ok(())
+        }
     }
 
     fn engine(logit_rows: usize) -> Engine<Echo> {
@@ -636,6 +681,48 @@ mod tests {
             }])
             .unwrap();
         assert_eq!(&rows[..3], &[1.0, 3.0, 1.0]);
+    }
+
+    #[test]
+    fn step_sampled_returns_ids_in_row_order() {
+        let mut e = engine(3);
+        let greedy = |t| DeviceSampling {
+            temperature: t,
+            top_k: 0,
+            seed: 0,
+        };
+        let feeds = [
+            Feed {
+                slot: 2,
+                tokens: &[3, 4],
+                logits: Logits::Last,
+            },
+            Feed {
+                slot: 0,
+                tokens: &[5],
+                logits: Logits::None,
+            },
+            Feed {
+                slot: 1,
+                tokens: &[6],
+                logits: Logits::Last,
+            },
+        ];
+        let mut ids = [0u32; 2];
+        e.step_sampled(&feeds, &[greedy(0.0), greedy(2.0)], &mut ids)
+            .unwrap();
+        assert_eq!(ids, [4 + 1, 6 + 2]);
+        assert_eq!((e.seq_len(0), e.seq_len(1), e.seq_len(2)), (1, 1, 2));
+        // Too few settings: an error before anything is staged.
+        let more = [Feed {
+            slot: 2,
+            tokens: &[1],
+            logits: Logits::Last,
+        }];
+        assert!(e.step_sampled(&more, &[], &mut ids).is_err());
+        assert_eq!((e.seq_len(0), e.seq_len(1), e.seq_len(2)), (1, 1, 2));
+        assert_eq!(e.decode_sampled(0, 7, greedy(0.0)).unwrap(), 7 + 1);
+        assert_eq!(e.seq_len(0), 2);
     }
 
     #[test]
