@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use kiln_core::engine::{Feed, Logits};
 use kiln_core::kv::NO_BLOCK;
-use kiln_core::{Backend, Engine, EngineError, KvLayout, Sampler, SamplerParams};
+use kiln_core::{Backend, DeviceSampling, Engine, EngineError, KvLayout, Sampler, SamplerParams};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::Metrics;
@@ -276,6 +276,10 @@ struct Core<B: Backend> {
     lp_row: Vec<f32>,
     /// This step's feeds: (running index, tokens fed, wants logits).
     plan: Vec<(usize, usize, bool)>,
+    /// Greedy settings and the ids they give, for steps sampled on the
+    /// device (one per running sequence at most).
+    greedy: Vec<DeviceSampling>,
+    ids: Vec<u32>,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -308,6 +312,15 @@ impl<B: Backend> Core<B> {
         Core {
             lp_row: vec![0.0; vocab],
             plan: Vec::with_capacity(cfg.parallel),
+            greedy: vec![
+                DeviceSampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    seed: 0,
+                };
+                cfg.parallel
+            ],
+            ids: vec![0; cfg.parallel],
             engine,
             cfg,
             metrics,
@@ -708,9 +721,31 @@ impl<B: Backend> Core<B> {
         }
     }
 
+    /// Whether `s`'s next token can be picked on the device with the result
+    /// the host would give: greedy, nothing applied to the logits first
+    /// (bias, penalties), no logprobs. (Device sampling at a temperature
+    /// draws other random numbers than the host, so a seeded request's
+    /// output would depend on what else is in the step: not done.)
+    fn device_greedy(s: &mut Seq) -> bool {
+        // Greedy settings never touch the sampler's RNG in device_step.
+        s.req.logprobs.is_none()
+            && s.sampler.params.temperature <= 0.0
+            && s.sampler.device_step().is_some()
+    }
+
     /// Runs the planned step, commits it and samples every sequence whose
-    /// last fed token gave logits.
+    /// last fed token gave logits — on the device when the backend can and
+    /// every such sequence is greedy (only ids come back), else on the host
+    /// from logits rows.
     fn forward_and_sample(&mut self, out: &mut Vec<(usize, Outcome)>) {
+        let n_rows = self.plan.iter().filter(|p| p.2).count();
+        let running = &mut self.running;
+        let on_device = self.engine.backend.samples_on_device()
+            && n_rows <= self.greedy.len()
+            && self
+                .plan
+                .iter()
+                .all(|&(ri, _, want)| !want || Self::device_greedy(&mut running[ri]));
         let kv = self.engine.kv();
         let feeds: Vec<Feed<'_>> = self
             .plan
@@ -726,10 +761,16 @@ impl<B: Backend> Core<B> {
             })
             .collect();
         let n_tokens: usize = feeds.iter().map(|f| f.tokens.len()).sum();
-        let res = self.engine.step(&feeds);
+        let res = if on_device {
+            self.engine
+                .step_sampled(&feeds, &self.greedy[..n_rows], &mut self.ids[..n_rows])
+                .map(|()| None)
+        } else {
+            self.engine.step(&feeds).map(Some)
+        };
         self.metrics.engine_steps.inc();
         self.metrics.observe_batch(n_tokens);
-        let rows = match res {
+        let mut rows = match res {
             Ok(l) => l,
             Err(e) => {
                 let msg = format!("engine error: {e}");
@@ -747,13 +788,18 @@ impl<B: Backend> Core<B> {
             if !want {
                 continue;
             }
-            let logits = &mut rows[row * vocab..(row + 1) * vocab];
-            row += 1;
             let s = &mut self.running[ri];
-            if s.req.logprobs.is_some() {
-                self.lp_row.copy_from_slice(logits);
-            }
-            let id = s.sampler.sample(logits, &s.tokens);
+            let id = match rows.as_deref_mut() {
+                Some(rows) => {
+                    let logits = &mut rows[row * vocab..(row + 1) * vocab];
+                    if s.req.logprobs.is_some() {
+                        self.lp_row.copy_from_slice(logits);
+                    }
+                    s.sampler.sample(logits, &s.tokens)
+                }
+                None => self.ids[row],
+            };
+            row += 1;
             match s.last_emit {
                 None => self
                     .metrics
