@@ -183,8 +183,8 @@ fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
 /// dequantized weights and the activations the kernel used.
 fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     println!("\n## op level: decode GEMVs (mvf / quantize_q8 + mvq) vs f64");
-    println!("| type | rows x cols | max rel err vs f64 on the kernel's inputs | 8-bit x: bit-exact | rel err vs f32 x (what 8-bit x costs) |");
-    println!("|---|---|---|---|---|");
+    println!("| type | rows x cols | max rel err vs f64 on the kernel's inputs | 8-bit x: bit-exact | rel err vs f32 x (what 8-bit x costs) | 2/8/11 tokens = 1 token, bit for bit |");
+    println!("|---|---|---|---|---|---|");
     let mut rng = Rng(0x0123_4567_89ab_cdef);
     for ty in TYPES {
         let bs = ty.block_size();
@@ -248,14 +248,43 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                 den = den.max(want32.abs());
             }
             let rel = num / den.max(1e-30);
-            let ok = rel <= 1e-5 && exact_q;
+            // Several tokens at once: each token's result bit-identical to
+            // its one-token product (batch invariance).
+            let mut nt_same = true;
+            for n in [2usize, 8, 11] {
+                let xs: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                match kiln_cuda::testing::matvec_fast_nt(gpu, ty, &w, rows, cols, &xs, n) {
+                    Ok(yn) => {
+                        for t in 0..n {
+                            let one = kiln_cuda::testing::matvec_fast(
+                                gpu,
+                                ty,
+                                &w,
+                                rows,
+                                cols,
+                                &xs[t * cols..(t + 1) * cols],
+                            );
+                            nt_same &= one.is_ok_and(|(y1, _)| {
+                                y1.iter()
+                                    .zip(&yn[t * rows..(t + 1) * rows])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        failures.push(format!("fast matvec nt {ty} {cols}: {e}"));
+                        nt_same = false;
+                    }
+                }
+            }
+            let ok = rel <= 1e-5 && exact_q && nt_same;
             if !ok {
                 failures.push(format!(
                     "fast op {ty} {cols}: rel {rel:.2e}, q8 exact {exact_q}"
                 ));
             }
             println!(
-                "| {ty} | {rows} x {cols} | {rel:.2e} | {} | {:.2e} {}|",
+                "| {ty} | {rows} x {cols} | {rel:.2e} | {} | {:.2e} | {} {}|",
                 if xq.is_some() {
                     if exact_q {
                         "yes"
@@ -266,6 +295,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     "-"
                 },
                 num32 / den.max(1e-30),
+                if nt_same { "yes" } else { "NO" },
                 if ok { "" } else { "FAIL " }
             );
         }

@@ -336,3 +336,129 @@ MVQ(q8_0, T_Q8_0)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
+
+// ---- A few tokens (decode batches of several sequences): the one-token
+// kernels above with each weight load shared by up to MV_NT tokens. Per
+// token the arithmetic and its order are those of mvf_* / mvq_*, so a
+// sequence's logits do not depend on what else is in the batch.
+// x / xq rows are `cols` long; y row stride `ystride`.
+// grid: (ceil(rows / warps), ceil(n / MV_NT)); block: warps * 32.
+#define MV_NT 8
+
+template <int T>
+__device__ __forceinline__ void mvf_nt_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                            const float* __restrict__ x, int n, float* __restrict__ y,
+                                            int ystride, const float* __restrict__ bias) {
+    constexpr int E = T == T_F32 ? 4 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    int t0 = blockIdx.y * MV_NT;
+    if (r >= rows) return;
+    const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+    int chunks = cols / E;
+    uint4 wv[MVF_UNROLL];
+#pragma unroll
+    for (int k = 0; k < MVF_UNROLL; k++) {
+        int c = lane + 32 * k;
+        if (c < chunks) wv[k] = ld_stream16(wr + c);
+    }
+    PDL_ENTRY();
+    float acc[MV_NT];
+#pragma unroll
+    for (int t = 0; t < MV_NT; t++) acc[t] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+        if (c0 != lane) {
+#pragma unroll
+            for (int k = 0; k < MVF_UNROLL; k++) {
+                int c = c0 + 32 * k;
+                if (c < chunks) wv[k] = ld_stream16(wr + c);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = c0 + 32 * k;
+            if (c < chunks) {
+                float w[E];
+                dec16<T>(wv[k], w);
+#pragma unroll
+                for (int t = 0; t < MV_NT; t++) {
+                    if (t0 + t < n) {
+                        const float4* xp = (const float4*)(x + (u64)(t0 + t) * cols + (u64)c * E);
+#pragma unroll
+                        for (int i = 0; i < E / 4; i++) {
+                            float4 v = __ldg(xp + i);
+                            acc[t] += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_NT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && t0 + t < n) y[(u64)(t0 + t) * ystride + r] = v + (bias ? bias[r] : 0.0f);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void mvq_nt_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                            const i8* __restrict__ xq, const float* __restrict__ xd,
+                                            const float* __restrict__ xs, int n, float* __restrict__ y,
+                                            int ystride, const float* __restrict__ bias) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    int t0 = blockIdx.y * MV_NT;
+    if (r >= rows) return;
+    const u8* row = W + (u64)r * row_bytes;
+    prefetch_l2(row, row_bytes, lane);
+    PDL_ENTRY();
+    int units = cols >> 5;
+    float acc[MV_NT];
+#pragma unroll
+    for (int t = 0; t < MV_NT; t++) acc[t] = 0.0f;
+    for (int u = lane; u < units; u += 32) {
+#pragma unroll
+        for (int t = 0; t < MV_NT; t++) {
+            if (t0 + t < n) {
+                u64 b = (u64)(t0 + t) * units + u;
+                const int4* xp = (const int4*)(xq + b * 32);
+                int4 a = __ldg(xp), c = __ldg(xp + 1);
+                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                acc[t] += qdot<T>(row, u, xv, __ldg(xd + b), __ldg(xs + b));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_NT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && t0 + t < n) y[(u64)(t0 + t) * ystride + r] = v + (bias ? bias[r] : 0.0f);
+    }
+}
+
+#define MVF_NT(TNAME, T)                                                                              \
+    extern "C" __global__ void mvf_nt_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
+                                              const float* x, int n, float* y, int ystride,            \
+                                              const float* bias) {                                     \
+        mvf_nt_impl<T>(W, row_bytes, rows, cols, x, n, y, ystride, bias);                              \
+    }
+
+MVF_NT(f32, T_F32)
+MVF_NT(f16, T_F16)
+MVF_NT(bf16, T_BF16)
+
+#define MVQ_NT(TNAME, T)                                                                              \
+    extern "C" __global__ void mvq_nt_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
+                                              const i8* xq, const float* xd, const float* xs, int n,   \
+                                              float* y, int ystride, const float* bias) {              \
+        mvq_nt_impl<T>(W, row_bytes, rows, cols, xq, xd, xs, n, y, ystride, bias);                     \
+    }
+
+MVQ_NT(q4_0, T_Q4_0)
+MVQ_NT(q4_1, T_Q4_1)
+MVQ_NT(q5_0, T_Q5_0)
+MVQ_NT(q5_1, T_Q5_1)
+MVQ_NT(q8_0, T_Q8_0)
+MVQ_NT(q4_k, T_Q4_K)
+MVQ_NT(q5_k, T_Q5_K)
+MVQ_NT(q6_k, T_Q6_K)

@@ -61,8 +61,8 @@ __device__ __forceinline__ void reg_stats(const float* v, int n, int kind, float
 
 // Per token (grid: n; block: AN_THREADS):
 //   if y: x += post ? norm(y; pw, pb) : y
-//   if w: out = norm(x; w, b), and with q (one token, hid % 32 == 0) also
-//         quantized to 8 bits for the next GEMV (q, qd, qs as quantize_q8).
+//   if w: out = norm(x; w, b), and with q (hid % 32 == 0) also quantized to
+//         8 bits for the next GEMV (q, qd, qs as quantize_q8, token-major).
 // Rows of up to AN_THREADS * AN_V values stay in registers (one global read
 // of x and y, one write each: the kernel is latency-bound at decode).
 #define AN_THREADS 512
@@ -118,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
                     float v = norm_one(xv[k], i, kind, mean, inv, finv, w, b);
                     o[i] = v;
                     // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
-                    if (q) quant_q8_warp(v, lane, (u64)(i >> 5), q, qd, qs);
+                    if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + (i >> 5), q, qd, qs);
                 }
             }
         }
@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
             __syncthreads();
             int lane = threadIdx.x & 31;
             for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
-                quant_q8_warp(o[blk * 32 + lane], lane, (u64)blk, q, qd, qs);
+                quant_q8_warp(o[blk * 32 + lane], lane, (u64)t * (hid >> 5) + blk, q, qd, qs);
         }
     }
 }

@@ -74,6 +74,14 @@ pub(crate) fn mvq_type_name(ty: GgmlType) -> Option<&'static str> {
 /// Rows per warp of the `mvq_*` kernels.
 pub(crate) const MVQ_ROWS: usize = 1;
 
+/// Batches of up to this many tokens (and fewer than `gemm_min`) use the
+/// decode GEMVs (`mvf_nt_*` / `mvq_nt_*`: the one-token arithmetic, each
+/// weight load shared by 8 tokens), so a sequence's result does not depend
+/// on the batch it is in.
+const MV_TOKENS_MAX: usize = 64;
+/// Tokens per block row of `mv*_nt_*` (MV_NT in gemv.cu).
+const MV_NT: usize = 8;
+
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
 /// Visible positions per slice the split count aims at.
@@ -264,6 +272,9 @@ struct Kernels {
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
+    /// Per ggml type id: the few-token versions of `mvf` / `mvq`.
+    mvf_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
     gather_norm: cudarc::driver::sys::CUfunction,
@@ -290,13 +301,17 @@ impl Kernels {
         let mut deq = vec![None; 64];
         let mut mvf = vec![None; 64];
         let mut mvq = vec![None; 64];
+        let mut mvf_nt = vec![None; 64];
+        let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
+                mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
+                mvq_nt[id] = Some(gpu.func(&format!("mvq_nt_{n}"))?);
             }
             if let Some(n) = kernel_type_name(ty) {
                 let id = ty.id() as usize;
@@ -317,6 +332,8 @@ impl Kernels {
             mvf,
             mvq,
             quantize_q8: gpu.func("quantize_q8")?,
+            mvf_nt,
+            mvq_nt,
             embed,
             add_norm: gpu.func("add_norm")?,
             gather_norm: gpu.func("gather_norm")?,
@@ -953,7 +970,7 @@ impl CudaBackend {
         } else {
             1
         };
-        let xq_cols = widest.div_ceil(32) * 32;
+        let xq_cols = widest.div_ceil(32) * 32 * b.min(MV_TOKENS_MAX);
         let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
@@ -1257,8 +1274,8 @@ impl CudaBackend {
     }
 
     /// Quantizes one token's activations `x` (`cols` values) into `s.xq`.
-    fn quantize_x(&self, x: u64, cols: usize) -> CuResult<()> {
-        let nb = cols / 32;
+    fn quantize_x(&self, x: u64, cols: usize, n: usize) -> CuResult<()> {
+        let nb = n * cols / 32;
         self.gpu.launch(
             self.k.quantize_q8,
             (nb.div_ceil(8) as u32, 1, 1),
@@ -1284,7 +1301,7 @@ impl CudaBackend {
             }
         }
         const MV_WARPS: usize = 8;
-        if n == 1 && self.uses_q8(mat) {
+        if n == 1 && self.mv_path(1) && self.uses_q8(mat) {
             if let Some(f) = self.k.mvq[mat.ty.id() as usize] {
                 return self.gpu.launch(
                     f,
@@ -1322,6 +1339,55 @@ impl CudaBackend {
                         Arg::P(bias),
                     ],
                 );
+            }
+        }
+        if n > 1 && self.mv_path(n) {
+            let grid = (
+                mat.rows.div_ceil(MV_WARPS) as u32,
+                n.div_ceil(MV_NT) as u32,
+                1,
+            );
+            if self.uses_q8(mat) {
+                if let Some(f) = self.k.mvq_nt[mat.ty.id() as usize] {
+                    return self.gpu.launch(
+                        f,
+                        grid,
+                        (MV_WARPS * 32) as u32,
+                        &[
+                            Arg::P(mat.ptr()),
+                            Arg::P(mat.row_bytes as u64),
+                            Arg::I(mat.rows as i32),
+                            Arg::I(mat.cols as i32),
+                            Arg::P(self.s.xq.ptr),
+                            Arg::P(self.s.xq_d.ptr),
+                            Arg::P(self.s.xq_s.ptr),
+                            Arg::I(n as i32),
+                            Arg::P(y),
+                            Arg::I(ystride as i32),
+                            Arg::P(bias),
+                        ],
+                    );
+                }
+            }
+            if aligned16 {
+                if let Some(f) = self.k.mvf_nt[mat.ty.id() as usize] {
+                    return self.gpu.launch(
+                        f,
+                        grid,
+                        (MV_WARPS * 32) as u32,
+                        &[
+                            Arg::P(mat.ptr()),
+                            Arg::P(mat.row_bytes as u64),
+                            Arg::I(mat.rows as i32),
+                            Arg::I(mat.cols as i32),
+                            Arg::P(x),
+                            Arg::I(n as i32),
+                            Arg::P(y),
+                            Arg::I(ystride as i32),
+                            Arg::P(bias),
+                        ],
+                    );
+                }
             }
         }
         if n == 1 {
@@ -1500,7 +1566,14 @@ impl CudaBackend {
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
     /// Whether a `p` over `n` tokens reads `s.xq` (8-bit activations).
     fn proj_q8(&self, p: &Proj, n: usize) -> bool {
-        n == 1 && n < self.gemm_min && p.parts.iter().any(|(m, _)| self.uses_q8(m))
+        self.mv_path(n) && p.parts.iter().any(|(m, _)| self.uses_q8(m))
+    }
+
+    /// Whether products over `n` tokens use the decode GEMVs.
+    fn mv_path(&self, n: usize) -> bool {
+        n >= 1
+            && n <= MV_TOKENS_MAX.min(self.max_batch)
+            && (n < self.gemm_min || self.blas.is_none())
     }
 
     /// The 8-bit activation buffers for a producer kernel to fill when the
@@ -1521,7 +1594,7 @@ impl CudaBackend {
     fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize, x_q8: bool) -> CuResult<()> {
         if !x_q8 && self.proj_q8(p, n) {
             if let Some((m, _)) = p.parts.first() {
-                self.quantize_x(x, m.cols)?;
+                self.quantize_x(x, m.cols, n)?;
             }
         }
         for (mat, r0) in &p.parts {
@@ -1795,8 +1868,8 @@ impl CudaBackend {
             ],
         )?;
         let out = self.output.as_ref().unwrap_or(&self.embd);
-        if k == 1 && k < self.gemm_min && self.uses_q8(out) {
-            self.quantize_x(s.seln.ptr, hid)?;
+        if self.mv_path(k) && self.uses_q8(out) {
+            self.quantize_x(s.seln.ptr, hid, k)?;
         }
         self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size)?;
         if let Some(c) = d.final_softcap {

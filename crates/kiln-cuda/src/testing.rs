@@ -262,3 +262,84 @@ pub fn matvec_fast(
     gpu.sync()?;
     Ok((y, xq))
 }
+
+/// The few-token decode GEMV of `ty` (`mvf_nt_*`, or `x` quantized per token
+/// and `mvq_nt_*`) for `n` tokens; `y[t][r]`.
+pub fn matvec_fast_nt(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> CuResult<Vec<f32>> {
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let dx = DevBuf::from_f32(&x[..n * cols])?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; n * rows])?;
+    let grid = (rows.div_ceil(8) as u32, n.div_ceil(8) as u32, 1);
+    if let Some(name) = crate::backend::mvf_type_name(ty) {
+        let f = gpu.func(&format!("mvf_nt_{name}"))?;
+        gpu.launch(
+            f,
+            grid,
+            256,
+            &[
+                Arg::P(dw.ptr),
+                Arg::P(row_bytes as u64),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::P(dx.ptr),
+                Arg::I(n as i32),
+                Arg::P(dy.ptr),
+                Arg::I(rows as i32),
+                Arg::P(0),
+            ],
+        )?;
+    } else if let Some(name) = crate::backend::mvq_type_name(ty) {
+        let nb = n * cols / 32;
+        let q = DevBuf::zeroed(n * cols)?;
+        let d = DevBuf::zeroed(nb * 4)?;
+        let s = DevBuf::zeroed(nb * 4)?;
+        let fq = gpu.func("quantize_q8")?;
+        gpu.launch(
+            fq,
+            (nb.div_ceil(8) as u32, 1, 1),
+            256,
+            &[
+                Arg::P(dx.ptr),
+                Arg::I(nb as i32),
+                Arg::P(q.ptr),
+                Arg::P(d.ptr),
+                Arg::P(s.ptr),
+            ],
+        )?;
+        let f = gpu.func(&format!("mvq_nt_{name}"))?;
+        gpu.launch(
+            f,
+            grid,
+            256,
+            &[
+                Arg::P(dw.ptr),
+                Arg::P(row_bytes as u64),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::P(q.ptr),
+                Arg::P(d.ptr),
+                Arg::P(s.ptr),
+                Arg::I(n as i32),
+                Arg::P(dy.ptr),
+                Arg::I(rows as i32),
+                Arg::P(0),
+            ],
+        )?;
+    } else {
+        return Err(CudaError(format!("no fast decode GEMV for {ty}")));
+    }
+    let mut y = vec![0.0f32; n * rows];
+    gpu.download_async(&mut y, dy.ptr)?;
+    gpu.sync()?;
+    Ok(y)
+}
