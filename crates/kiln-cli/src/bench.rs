@@ -8,7 +8,8 @@
 //!
 //! `kiln bench MODEL --batch 1,8,32,64,128 [-p 128] [-n 128]`: like
 //! llama-batched-bench. For each batch size B, B sequences each get a P-token
-//! prompt (prefilled sequence by sequence), then G decode steps each feed one
+//! prompt (whole prompts packed into forwards of up to 1024 tokens, like
+//! batched-bench's n_batch), then G decode steps each feed one
 //! token of every sequence as one batch. Reported: prompt time and tok/s,
 //! generation time and aggregate tok/s, total; the table and the `-o json`
 //! records use llama-batched-bench's columns and field names.
@@ -383,7 +384,10 @@ pub fn run(a: Args) -> CliResult {
     let max_n = gens.iter().copied().max().unwrap_or(0);
     let (ctx, max_seqs, max_chunk) = if batched {
         let max_b = batches.iter().copied().max().unwrap_or(1);
-        ((max_p + max_n).max(1), max_b, max_p.max(max_b).max(1))
+        // Steps of up to 1024 tokens (whole prompts packed) or one token of
+        // every sequence, whichever is more.
+        let step = max_p.max((max_b * max_p).min(1024)).max(max_b).max(1);
+        ((max_p + max_n).max(1), max_b, step)
     } else {
         (max_p + max_n + 8, 1, max_p.max(1))
     };
@@ -539,16 +543,39 @@ fn batched_once<B: Backend>(
         e.reset(s);
     }
     let mut items: Vec<(usize, u32)> = (0..b).map(|s| (s, 0)).collect();
-    let t = Instant::now();
-    if p > 0 {
-        for (s, prompt) in prompts.iter().enumerate() {
-            items[s].1 = kiln_core::sampler::argmax(e.prefill(s, prompt)?);
-        }
-    }
-    let t_pp = t.elapsed().as_secs_f64();
     let on_device = e.backend.samples_on_device();
     let greedy = vec![GREEDY; b];
     let mut ids = vec![0u32; b];
+    let t = Instant::now();
+    // Whole prompts packed into forwards of up to the step size, as
+    // llama-batched-bench fills its n_batch.
+    if let Some(per_step) = e.backend.max_batch_tokens().checked_div(p) {
+        let per_step = per_step.max(1);
+        for (g0, group) in prompts.chunks(per_step).enumerate() {
+            let s0 = g0 * per_step;
+            let feeds: Vec<Feed<'_>> = group
+                .iter()
+                .enumerate()
+                .map(|(i, prompt)| Feed {
+                    slot: s0 + i,
+                    tokens: prompt,
+                    logits: Logits::Last,
+                })
+                .collect();
+            if on_device {
+                e.step_sampled(&feeds, &greedy[..group.len()], &mut ids[..group.len()])?;
+                for (i, &id) in ids[..group.len()].iter().enumerate() {
+                    items[s0 + i].1 = id;
+                }
+            } else {
+                let logits = e.step(&feeds)?;
+                for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                    items[s0 + i].1 = kiln_core::sampler::argmax(row);
+                }
+            }
+        }
+    }
+    let t_pp = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for _ in 0..g {
         if on_device {
