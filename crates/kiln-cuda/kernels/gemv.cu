@@ -345,49 +345,69 @@ MVQ(q6_k, T_Q6_K)
 // grid: (ceil(rows / warps), ceil(n / MV_NT)); block: warps * 32.
 #define MV_NT 8
 
+// Float weights: two rows per warp, so each token's x chunk is loaded once
+// for both (with 8 tokens, x traffic from L1 is 16x the weight bytes per
+// row); 4 chunks per row in flight. A lane's chunks are still summed in
+// increasing order, as in mvf_*.
+#define MVF_NT_R 2
+#define MVF_NT_U 4
 template <int T>
 __device__ __forceinline__ void mvf_nt_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                             const float* __restrict__ x, int n, float* __restrict__ y,
                                             int ystride, const float* __restrict__ bias) {
     constexpr int E = T == T_F32 ? 4 : 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    int r0 = (blockIdx.x * (blockDim.x >> 5) + warp) * MVF_NT_R;
     int t0 = blockIdx.y * MV_NT;
-    if (r >= rows) return;
-    const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+    if (r0 >= rows) return;
+    int nr = min(MVF_NT_R, rows - r0);
+    const uint4* wr = (const uint4*)(W + (u64)r0 * row_bytes);
+    u64 rstride = row_bytes / 16;
     int chunks = cols / E;
-    uint4 wv[MVF_UNROLL];
+    uint4 wv[MVF_NT_R][MVF_NT_U];
 #pragma unroll
-    for (int k = 0; k < MVF_UNROLL; k++) {
-        int c = lane + 32 * k;
-        if (c < chunks) wv[k] = ld_stream16(wr + c);
-    }
+    for (int j = 0; j < MVF_NT_R; j++)
+#pragma unroll
+        for (int k = 0; k < MVF_NT_U; k++) {
+            int c = lane + 32 * k;
+            if (j < nr && c < chunks) wv[j][k] = ld_stream16(wr + j * rstride + c);
+        }
     PDL_ENTRY();
-    float acc[MV_NT];
+    float acc[MVF_NT_R][MV_NT];
 #pragma unroll
-    for (int t = 0; t < MV_NT; t++) acc[t] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+    for (int j = 0; j < MVF_NT_R; j++)
+#pragma unroll
+        for (int t = 0; t < MV_NT; t++) acc[j][t] = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_NT_U) {
         if (c0 != lane) {
 #pragma unroll
-            for (int k = 0; k < MVF_UNROLL; k++) {
-                int c = c0 + 32 * k;
-                if (c < chunks) wv[k] = ld_stream16(wr + c);
-            }
+            for (int j = 0; j < MVF_NT_R; j++)
+#pragma unroll
+                for (int k = 0; k < MVF_NT_U; k++) {
+                    int c = c0 + 32 * k;
+                    if (j < nr && c < chunks) wv[j][k] = ld_stream16(wr + j * rstride + c);
+                }
         }
 #pragma unroll
-        for (int k = 0; k < MVF_UNROLL; k++) {
+        for (int k = 0; k < MVF_NT_U; k++) {
             int c = c0 + 32 * k;
             if (c < chunks) {
-                float w[E];
-                dec16<T>(wv[k], w);
+                float w[MVF_NT_R][E];
+#pragma unroll
+                for (int j = 0; j < MVF_NT_R; j++) dec16<T>(wv[j][k], w[j]);
 #pragma unroll
                 for (int t = 0; t < MV_NT; t++) {
                     if (t0 + t < n) {
                         const float4* xp = (const float4*)(x + (u64)(t0 + t) * cols + (u64)c * E);
+                        float4 xv[E / 4];
 #pragma unroll
-                        for (int i = 0; i < E / 4; i++) {
-                            float4 v = __ldg(xp + i);
-                            acc[t] += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                        for (int i = 0; i < E / 4; i++) xv[i] = __ldg(xp + i);
+#pragma unroll
+                        for (int j = 0; j < MVF_NT_R; j++) {
+#pragma unroll
+                            for (int i = 0; i < E / 4; i++)
+                                acc[j][t] += w[j][4 * i] * xv[i].x + w[j][4 * i + 1] * xv[i].y +
+                                             w[j][4 * i + 2] * xv[i].z + w[j][4 * i + 3] * xv[i].w;
                         }
                     }
                 }
@@ -395,10 +415,13 @@ __device__ __forceinline__ void mvf_nt_impl(const u8* __restrict__ W, u64 row_by
         }
     }
 #pragma unroll
-    for (int t = 0; t < MV_NT; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && t0 + t < n) y[(u64)(t0 + t) * ystride + r] = v + (bias ? bias[r] : 0.0f);
-    }
+    for (int j = 0; j < MVF_NT_R; j++)
+#pragma unroll
+        for (int t = 0; t < MV_NT; t++) {
+            float v = warp_sum(acc[j][t]);
+            if (lane == 0 && j < nr && t0 + t < n)
+                y[(u64)(t0 + t) * ystride + r0 + j] = v + (bias ? bias[r0 + j] : 0.0f);
+        }
 }
 
 template <int T>

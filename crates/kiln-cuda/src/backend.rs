@@ -81,6 +81,8 @@ pub(crate) const MVQ_ROWS: usize = 1;
 const MV_TOKENS_MAX: usize = 64;
 /// Tokens per block row of `mv*_nt_*` (MV_NT in gemv.cu).
 const MV_NT: usize = 8;
+/// Rows per warp of `mvf_nt_*` (MVF_NT_R in gemv.cu).
+pub(crate) const MVF_NT_ROWS: usize = 2;
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
@@ -1373,7 +1375,7 @@ impl CudaBackend {
                 if let Some(f) = self.k.mvf_nt[mat.ty.id() as usize] {
                     return self.gpu.launch(
                         f,
-                        grid,
+                        (grid.0.div_ceil(MVF_NT_ROWS as u32), grid.1, 1),
                         (MV_WARPS * 32) as u32,
                         &[
                             Arg::P(mat.ptr()),

@@ -284,7 +284,11 @@ pub fn matvec_fast_nt(
         let f = gpu.func(&format!("mvf_nt_{name}"))?;
         gpu.launch(
             f,
-            grid,
+            (
+                (rows.div_ceil(8 * crate::backend::MVF_NT_ROWS)) as u32,
+                grid.1,
+                1,
+            ),
             256,
             &[
                 Arg::P(dw.ptr),
