@@ -55,16 +55,26 @@ def prompt_set(n):
             for i in range(n)]
 
 
+# --completions: /v1/completions with the raw prompt (models without a chat
+# template, e.g. `kiln synth` shapes on the GPU machine).
+COMPLETIONS = False
+
+
 def stream_chat(host, port, prompt, max_tokens):
     """Returns (ttft_s, total_s, text, completion_tokens, finish_reasons)."""
-    body = json.dumps({
-        "messages": [{"role": "user", "content": prompt}],
+    req = {
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
-    })
+    }
+    if COMPLETIONS:
+        req["prompt"] = prompt
+    else:
+        req["messages"] = [{"role": "user", "content": prompt}]
+    body = json.dumps(req)
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=600)
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    path = "/v1/completions" if COMPLETIONS else "/v1/chat/completions"
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"status {resp.status}: {resp.read()[:200]!r}")
@@ -92,7 +102,7 @@ def stream_chat(host, port, prompt, max_tokens):
             for ch in v.get("choices", []):
                 if ch.get("finish_reason"):
                     finish.append(ch["finish_reason"])
-                piece = ch.get("delta", {}).get("content")
+                piece = ch.get("text") if COMPLETIONS else ch.get("delta", {}).get("content")
                 if piece:
                     if ttft is None:
                         ttft = time.perf_counter() - t0
@@ -167,7 +177,11 @@ def main():
     ap.add_argument("--model", help="model for --kiln")
     ap.add_argument("--server-args", default="", help="more `kiln serve` arguments for --kiln")
     ap.add_argument("--rss-slack-mib", type=float, default=64)
+    ap.add_argument("--completions", action="store_true",
+                    help="use /v1/completions with the raw prompt (models without a chat template)")
     a = ap.parse_args()
+    global COMPLETIONS
+    COMPLETIONS = a.completions
     proc = None
     if a.kiln:
         if not a.model:
