@@ -162,8 +162,8 @@ extern "C" __global__ void gather_norm(const float* x, const u32* rows, const fl
 }
 
 // After the QKV projection, per (head, token) (grid: (n_heads + 2 n_kv, n); block: 128):
-// Q and K heads: optional per-head RMSNorm, RoPE; Q is written back in place,
-// K and V go to the paged cache at the token's position.
+// Q and K heads: optional per-head RMSNorm, RoPE; Q and K are written back in
+// place, K and V go to the paged cache at the token's position.
 // Cache layout: [block][layer in group][position in block][kv_dim].
 extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_kv, int hd,
                                     const float* qnw, const float* knw, float eps,
@@ -217,10 +217,11 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
             __syncthreads();
         }
     }
-    if (kind == 0) {
+    // Q and K are written back too (the GEMM prefill attention reads both
+    // from here), K and V also go to the cache.
+    if (kind < 2)
         for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = h[i];
-        return;
-    }
+    if (kind == 0) return;
     u32 blk = tables[(u64)rowidx[t] * tstride + pos / bs];
     u64 at = (((u64)blk * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
     float* dst = (kind == 1 ? kc : vc) + at;
@@ -818,5 +819,53 @@ extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* para
             }
         }
         out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
+    }
+}
+
+// Prefill attention through cuBLAS (one sequence, chunk from position 0):
+// S = scale * Q K^T was written by a GEMM (f32, heads x n x n); this makes
+// P = softmax over each row's visible keys (causal, sliding window, softcap)
+// as 16-bit floats (0 where masked) for the P V GEMM.
+// grid: (n, heads); block: 256.
+extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int n,
+                                          float softcap, int window) { PDL_ENTRY();
+    int i = blockIdx.x, h = blockIdx.y;
+    const float* s = S + ((u64)h * n + i) * n;
+    u16* p = P + ((u64)h * n + i) * n;
+    int lo = window > 0 ? max(0, i + 1 - window) : 0;
+    __shared__ float red[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY;
+    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) {
+        float v = s[j];
+        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+        m = fmaxf(m, v);
+    }
+    m = warp_max(m);
+    if (lane == 0) red[w] = m;
+    __syncthreads();
+    m = -INFINITY;
+    for (int k = 0; k < nw; k++) m = fmaxf(m, red[k]);
+    __syncthreads();
+    float sum = 0.0f;
+    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) {
+        float v = s[j];
+        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+        sum += __expf(v - m);
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) red[w] = sum;
+    __syncthreads();
+    sum = 0.0f;
+    for (int k = 0; k < nw; k++) sum += red[k];
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float e = 0.0f;
+        if (j >= lo && j <= i) {
+            float v = s[j];
+            if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+            e = __expf(v - m) * inv;
+        }
+        p[j] = f2half(e, 0);
     }
 }

@@ -84,6 +84,13 @@ const MV_NT: usize = 8;
 /// Rows per warp of `mvf_nt_*` (MVF_NT_R in gemv.cu).
 pub(crate) const MVF_NT_ROWS: usize = 2;
 
+/// Prefill chunks of one sequence from position 0 with at least this many
+/// tokens run attention as two cuBLAS GEMMs around a softmax kernel
+/// (`$KILN_CUDA_ATT_GEMM_MIN`; 0 turns it off).
+const ATT_GEMM_MIN: usize = 64;
+/// Scores scratch for that path (f32 + f16 per head and position pair).
+const ATT_GEMM_MAX_BYTES: usize = 1 << 30;
+
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
 /// Visible positions per slice the split count aims at.
@@ -274,6 +281,7 @@ struct Kernels {
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
+    softmax_causal: cudarc::driver::sys::CUfunction,
     /// Per ggml type id: the few-token versions of `mvf` / `mvq`.
     mvf_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -334,6 +342,7 @@ impl Kernels {
             mvf,
             mvq,
             quantize_q8: gpu.func("quantize_q8")?,
+            softmax_causal: gpu.func("softmax_causal")?,
             mvf_nt,
             mvq_nt,
             embed,
@@ -393,6 +402,11 @@ struct Scratch {
     xq: DevBuf,
     xq_d: DevBuf,
     xq_s: DevBuf,
+    /// Prefill attention through cuBLAS: scores (f32), probabilities (f16),
+    /// Q/K/V as f16; chunks of up to `att_gemm_cap` tokens.
+    att_s: Option<DevBuf>,
+    att_p: Option<DevBuf>,
+    qkvh: Option<DevBuf>,
     /// Split decode attention: partial results and per-(head, token) counters.
     att_part: DevBuf,
     att_count: DevBuf,
@@ -447,6 +461,10 @@ pub struct CudaBackend {
     att_split: usize,
     /// Visible positions per slice the split aims at.
     att_slice: usize,
+    /// Prefill attention through cuBLAS for one-sequence chunks from position
+    /// 0 of `att_gemm_min..=att_gemm_cap` tokens (cap 0: never).
+    att_gemm_min: usize,
+    att_gemm_cap: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -972,12 +990,36 @@ impl CudaBackend {
         } else {
             1
         };
+        let att_gemm_min = std::env::var("KILN_CUDA_ATT_GEMM_MIN")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(ATT_GEMM_MIN);
+        let mut att_gemm_cap = if blas.is_some() && att_gemm_min > 0 {
+            b.min(2048)
+        } else {
+            0
+        };
+        while att_gemm_cap > 0 && d.n_heads * att_gemm_cap * att_gemm_cap * 6 > ATT_GEMM_MAX_BYTES {
+            att_gemm_cap /= 2;
+        }
+        let att_gemm_bytes = if att_gemm_cap >= att_gemm_min.max(1) {
+            d.n_heads * att_gemm_cap * att_gemm_cap * 6 + att_gemm_cap * qkv_dim * 2
+        } else {
+            att_gemm_cap = 0;
+            0
+        };
         let xq_cols = widest.div_ceil(32) * 32 * b.min(MV_TOKENS_MAX);
         let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
             kv: layout.total_bytes(),
-            scratch: scratch_floats * 4 + ml.total * 4 + b * 4 + b * 16 + gemm_bytes + decode_bytes,
+            scratch: scratch_floats * 4
+                + ml.total * 4
+                + b * 4
+                + b * 16
+                + gemm_bytes
+                + decode_bytes
+                + att_gemm_bytes,
         };
         let (free, total) = gpu.mem_info()?;
         let margin = 256 << 20;
@@ -1115,6 +1157,21 @@ impl CudaBackend {
             xq_d: f(xq_cols / 32)?,
             xq_s: f(xq_cols / 32)?,
             att_part: f(att_part_floats)?,
+            att_s: if att_gemm_cap > 0 {
+                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_cap * 4)?)
+            } else {
+                None
+            },
+            att_p: if att_gemm_cap > 0 {
+                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_cap * 2)?)
+            } else {
+                None
+            },
+            qkvh: if att_gemm_cap > 0 {
+                Some(DevBuf::alloc(att_gemm_cap * qkv_dim * 2)?)
+            } else {
+                None
+            },
             att_count: f(split_pairs.max(1))?,
             xh: if blas.is_some() {
                 Some(DevBuf::alloc(b * widest * 2)?)
@@ -1156,6 +1213,8 @@ impl CudaBackend {
             exact: opts.exact,
             att_split,
             att_slice,
+            att_gemm_min,
+            att_gemm_cap,
             att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1566,6 +1625,139 @@ impl CudaBackend {
     }
 
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
+    /// Attention of a one-sequence chunk from position 0 (its keys are its own
+    /// tokens): S = scale·Q Kᵀ and O = P V as f16 cuBLAS GEMMs with f32
+    /// accumulation (batched over KV heads, once per query head of a group),
+    /// P = `softmax_causal(S)`. Q/K/V are read from `s.qkv` (RoPE applied).
+    fn attention_gemm(&self, n: usize, window: i32) -> CuResult<()> {
+        use bs::cudaDataType as Dt;
+        use cudarc::cublas::sys as bs;
+        let (Some(bl), Some(sb), Some(pb), Some(qh)) =
+            (&self.blas, &self.s.att_s, &self.s.att_p, &self.s.qkvh)
+        else {
+            return Err(CudaError("no attention GEMM scratch".into()));
+        };
+        let d = &self.desc;
+        let (qd, kvd, hd) = (d.q_dim(), d.kv_dim(), d.head_dim);
+        let qkv_dim = qd + 2 * kvd;
+        let g = d.n_heads / d.n_kv_heads;
+        let total = n * qkv_dim;
+        self.gpu.launch(
+            self.k.to_half,
+            (total.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+            256,
+            &[
+                Arg::P(self.s.qkv.ptr),
+                Arg::P(total as u64),
+                Arg::P(qh.ptr),
+                Arg::I(0),
+            ],
+        )?;
+        let nn = (n * n) as i64;
+        let gemm = |ta,
+                    m: usize,
+                    nc: usize,
+                    kk: usize,
+                    alpha: f32,
+                    a: u64,
+                    lda: usize,
+                    sa: i64,
+                    b: u64,
+                    ldb: usize,
+                    sbt: i64,
+                    c: u64,
+                    ct,
+                    ldc: usize,
+                    sc: i64|
+         -> CuResult<()> {
+            let beta = 0.0f32;
+            // SAFETY: device buffers sized for n <= att_gemm_cap; the handle
+            // runs on the backend's stream.
+            unsafe {
+                bs::cublasGemmStridedBatchedEx(
+                    bl.handle,
+                    ta,
+                    bs::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    nc as i32,
+                    kk as i32,
+                    (&alpha) as *const f32 as *const _,
+                    a as *const _,
+                    Dt::CUDA_R_16F,
+                    lda as i32,
+                    sa,
+                    b as *const _,
+                    Dt::CUDA_R_16F,
+                    ldb as i32,
+                    sbt,
+                    (&beta) as *const f32 as *const _,
+                    c as *mut _,
+                    ct,
+                    ldc as i32,
+                    sc,
+                    d.n_kv_heads as i32,
+                    bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .result()
+                .map_err(|e| CudaError(format!("cuBLAS attention GEMM {m}x{nc}x{kk}: {e:?}")))
+            }
+        };
+        for j in 0..g {
+            // Column-major: S_hᵀ (n x n) = K_g (as hd x n, transposed) · Q_h (hd x n).
+            gemm(
+                bs::cublasOperation_t::CUBLAS_OP_T,
+                n,
+                n,
+                hd,
+                d.attn_scale,
+                qh.ptr + (qd * 2) as u64,
+                qkv_dim,
+                hd as i64,
+                qh.ptr + (j * hd * 2) as u64,
+                qkv_dim,
+                (g * hd) as i64,
+                sb.ptr + (j as u64) * (nn as u64) * 4,
+                Dt::CUDA_R_32F,
+                n,
+                g as i64 * nn,
+            )?;
+        }
+        self.gpu.launch(
+            self.k.softmax_causal,
+            (n as u32, d.n_heads as u32, 1),
+            256,
+            &[
+                Arg::P(sb.ptr),
+                Arg::P(pb.ptr),
+                Arg::I(n as i32),
+                Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                Arg::I(window),
+            ],
+        )?;
+        for j in 0..g {
+            // Column-major: O_hᵀ (hd x n) = V_g (hd x n) · P_hᵀ (n x n).
+            gemm(
+                bs::cublasOperation_t::CUBLAS_OP_N,
+                hd,
+                n,
+                n,
+                1.0,
+                qh.ptr + ((qd + kvd) * 2) as u64,
+                qkv_dim,
+                hd as i64,
+                pb.ptr + (j as u64) * (nn as u64) * 2,
+                n,
+                g as i64 * nn,
+                self.s.att.ptr + (j * hd * 4) as u64,
+                Dt::CUDA_R_32F,
+                qd,
+                (g * hd) as i64,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether a `p` over `n` tokens reads `s.xq` (8-bit activations).
     fn proj_q8(&self, p: &Proj, n: usize) -> bool {
         self.mv_path(n) && p.parts.iter().any(|(m, _)| self.uses_q8(m))
@@ -1657,7 +1849,15 @@ impl CudaBackend {
             .min(self.att_split)
     }
 
-    fn enqueue(&self, n: usize, k: usize, greedy: bool, split: usize) -> CuResult<()> {
+    /// `from_zero`: the batch is one sequence's tokens from position 0.
+    fn enqueue(
+        &self,
+        n: usize,
+        k: usize,
+        greedy: bool,
+        split: usize,
+        from_zero: bool,
+    ) -> CuResult<()> {
         let d = &self.desc;
         let s = &self.s;
         let ml = self.ml;
@@ -1730,7 +1930,10 @@ impl CudaBackend {
             }
             .filter(|_| n >= self.att_gqa_min);
             let group = d.n_heads / d.n_kv_heads;
-            if n >= self.att_gqa_min
+            let window = ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+            if from_zero && n >= self.att_gemm_min && n <= self.att_gemm_cap {
+                self.attention_gemm(n, window)?;
+            } else if n >= self.att_gqa_min
                 && self.row_seqs.len() == 1
                 && d.head_dim <= 128
                 && d.head_dim & 3 == 0
@@ -1908,14 +2111,20 @@ impl CudaBackend {
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
         if !decode_like {
-            self.enqueue(n, k, greedy, split)?;
+            let from_zero = self.row_seqs.len() == 1
+                && batch
+                    .positions
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &p)| p as usize == i);
+            self.enqueue(n, k, greedy, split, from_zero)?;
             return Ok(());
         }
         // Graphs are keyed by (n, split); the greedy argmax is a separate
         // launch so one graph serves both paths.
         if self.graphs[gi].is_none() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue(n, k, false, split);
+            let r = self.enqueue(n, k, false, split, false);
             let g = self.gpu.end_capture();
             r?;
             self.graphs[gi] = Some(g?);
