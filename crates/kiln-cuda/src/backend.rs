@@ -84,6 +84,30 @@ const MV_NT: usize = 8;
 /// Rows per warp of `mvf_nt_*` (MVF_NT_R in gemv.cu).
 pub(crate) const MVF_NT_ROWS: usize = 2;
 
+/// A kernel argument list assembled from parts without allocating.
+struct ArgList {
+    a: [Arg; 16],
+    n: usize,
+}
+
+impl ArgList {
+    fn of(parts: &[&[Arg]]) -> ArgList {
+        let mut l = ArgList {
+            a: [Arg::I(0); 16],
+            n: 0,
+        };
+        for &a in parts.iter().flat_map(|p| p.iter()) {
+            l.a[l.n] = a;
+            l.n += 1;
+        }
+        l
+    }
+
+    fn get(&self) -> &[Arg] {
+        &self.a[..self.n]
+    }
+}
+
 /// Prefill chunks of one sequence from position 0 with at least this many
 /// tokens run attention as two cuBLAS GEMMs around a softmax kernel
 /// (`$KILN_CUDA_ATT_GEMM_MIN`; 0 turns it off).
@@ -1361,141 +1385,81 @@ impl CudaBackend {
                 return self.gemm(bl, mat, bias, x, n, y, ystride);
             }
         }
+        let id = mat.ty.id() as usize;
+        let w = [
+            Arg::P(mat.ptr()),
+            Arg::P(mat.row_bytes as u64),
+            Arg::I(mat.rows as i32),
+            Arg::I(mat.cols as i32),
+        ];
+        let xq = [
+            Arg::P(self.s.xq.ptr),
+            Arg::P(self.s.xq_d.ptr),
+            Arg::P(self.s.xq_s.ptr),
+        ];
+        // The kernels' argument lists: weights, then x (f32 or 8-bit), then
+        // for several tokens their count, then y (with its row stride) and bias.
+        let one = |x: &[Arg]| ArgList::of(&[&w, x, &[Arg::P(y), Arg::P(bias)]]);
+        let many = |x: &[Arg]| {
+            ArgList::of(&[
+                &w,
+                x,
+                &[
+                    Arg::I(n as i32),
+                    Arg::P(y),
+                    Arg::I(ystride as i32),
+                    Arg::P(bias),
+                ],
+            ])
+        };
         const MV_WARPS: usize = 8;
-        if n == 1 && self.mv_path(1) && self.uses_q8(mat) {
-            if let Some(f) = self.k.mvq[mat.ty.id() as usize] {
-                return self.gpu.launch(
-                    f,
-                    (mat.rows.div_ceil(MV_WARPS * MVQ_ROWS) as u32, 1, 1),
-                    (MV_WARPS * 32) as u32,
-                    &[
-                        Arg::P(mat.ptr()),
-                        Arg::P(mat.row_bytes as u64),
-                        Arg::I(mat.rows as i32),
-                        Arg::I(mat.cols as i32),
-                        Arg::P(self.s.xq.ptr),
-                        Arg::P(self.s.xq_d.ptr),
-                        Arg::P(self.s.xq_s.ptr),
-                        Arg::P(y),
-                        Arg::P(bias),
-                    ],
-                );
-            }
-        }
+        let block = (MV_WARPS * 32) as u32;
+        let rows_per = |r: usize| mat.rows.div_ceil(MV_WARPS * r) as u32;
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
-        if n == 1 && aligned16 {
-            if let Some(f) = self.k.mvf[mat.ty.id() as usize] {
-                return self.gpu.launch(
-                    f,
-                    (mat.rows.div_ceil(MV_WARPS) as u32, 1, 1),
-                    (MV_WARPS * 32) as u32,
-                    &[
-                        Arg::P(mat.ptr()),
-                        Arg::P(mat.row_bytes as u64),
-                        Arg::I(mat.rows as i32),
-                        Arg::I(mat.cols as i32),
-                        Arg::P(x),
-                        Arg::P(y),
-                        Arg::P(bias),
-                    ],
-                );
+        let q8 = self.mv_path(n) && self.uses_q8(mat);
+        if n == 1 && self.mv_path(1) {
+            if let (true, Some(f)) = (q8, self.k.mvq[id]) {
+                return self
+                    .gpu
+                    .launch(f, (rows_per(MVQ_ROWS), 1, 1), block, one(&xq).get());
+            }
+            if let (true, Some(f)) = (aligned16, self.k.mvf[id]) {
+                return self
+                    .gpu
+                    .launch(f, (rows_per(1), 1, 1), block, one(&[Arg::P(x)]).get());
             }
         }
         if n > 1 && self.mv_path(n) {
-            let grid = (
-                mat.rows.div_ceil(MV_WARPS) as u32,
-                n.div_ceil(MV_NT) as u32,
-                1,
-            );
-            if self.uses_q8(mat) {
-                if let Some(f) = self.k.mvq_nt[mat.ty.id() as usize] {
-                    return self.gpu.launch(
-                        f,
-                        grid,
-                        (MV_WARPS * 32) as u32,
-                        &[
-                            Arg::P(mat.ptr()),
-                            Arg::P(mat.row_bytes as u64),
-                            Arg::I(mat.rows as i32),
-                            Arg::I(mat.cols as i32),
-                            Arg::P(self.s.xq.ptr),
-                            Arg::P(self.s.xq_d.ptr),
-                            Arg::P(self.s.xq_s.ptr),
-                            Arg::I(n as i32),
-                            Arg::P(y),
-                            Arg::I(ystride as i32),
-                            Arg::P(bias),
-                        ],
-                    );
-                }
+            let tiles = n.div_ceil(MV_NT) as u32;
+            if let (true, Some(f)) = (q8, self.k.mvq_nt[id]) {
+                return self
+                    .gpu
+                    .launch(f, (rows_per(1), tiles, 1), block, many(&xq).get());
             }
-            if aligned16 {
-                if let Some(f) = self.k.mvf_nt[mat.ty.id() as usize] {
-                    return self.gpu.launch(
-                        f,
-                        (grid.0.div_ceil(MVF_NT_ROWS as u32), grid.1, 1),
-                        (MV_WARPS * 32) as u32,
-                        &[
-                            Arg::P(mat.ptr()),
-                            Arg::P(mat.row_bytes as u64),
-                            Arg::I(mat.rows as i32),
-                            Arg::I(mat.cols as i32),
-                            Arg::P(x),
-                            Arg::I(n as i32),
-                            Arg::P(y),
-                            Arg::I(ystride as i32),
-                            Arg::P(bias),
-                        ],
-                    );
-                }
+            if let (true, Some(f)) = (aligned16, self.k.mvf_nt[id]) {
+                let grid = (rows_per(MVF_NT_ROWS), tiles, 1);
+                return self.gpu.launch(f, grid, block, many(&[Arg::P(x)]).get());
             }
         }
         if n == 1 {
-            if let Some(f) = self.k.mv[mat.ty.id() as usize] {
-                const WARPS: usize = 4;
-                const ROWS: usize = 4;
-                return self.gpu.launch(
-                    f,
-                    (mat.rows.div_ceil(WARPS * ROWS) as u32, 1, 1),
-                    (WARPS * 32) as u32,
-                    &[
-                        Arg::P(mat.ptr()),
-                        Arg::P(mat.row_bytes as u64),
-                        Arg::I(mat.rows as i32),
-                        Arg::I(mat.cols as i32),
-                        Arg::P(x),
-                        Arg::P(y),
-                        Arg::P(bias),
-                    ],
-                );
+            if let Some(f) = self.k.mv[id] {
+                // 4 warps of 4 rows each.
+                let grid = (mat.rows.div_ceil(16) as u32, 1, 1);
+                return self.gpu.launch(f, grid, 128, one(&[Arg::P(x)]).get());
             }
         }
-        let fs = self.k.mm[mat.ty.id() as usize]
-            .ok_or_else(|| CudaError(format!("no GEMV kernel for {}", mat.ty)))?;
+        let fs =
+            self.k.mm[id].ok_or_else(|| CudaError(format!("no GEMV kernel for {}", mat.ty)))?;
         let (fi, nt) = match n {
             1 => (0, 1),
             2 => (1, 2),
             3 | 4 => (2, 4),
             _ => (3, 8),
         };
-        const WARPS: usize = 4;
-        self.gpu.launch(
-            fs[fi],
-            (mat.rows.div_ceil(WARPS) as u32, n.div_ceil(nt) as u32, 1),
-            (WARPS * 32) as u32,
-            &[
-                Arg::P(mat.ptr()),
-                Arg::P(mat.row_bytes as u64),
-                Arg::I(mat.rows as i32),
-                Arg::I(mat.cols as i32),
-                Arg::P(x),
-                Arg::I(n as i32),
-                Arg::P(y),
-                Arg::I(ystride as i32),
-                Arg::P(bias),
-            ],
-        )
+        // 4 warps, a row each, nt tokens per block.
+        let grid = (mat.rows.div_ceil(4) as u32, n.div_ceil(nt) as u32, 1);
+        self.gpu.launch(fs[fi], grid, 128, many(&[Arg::P(x)]).get())
     }
 
     /// `mm` through cuBLAS: F32 weights as they are (f32 GEMM), F16/BF16

@@ -215,22 +215,7 @@ pub fn matvec_fast(
         )?;
     } else if let Some(name) = quant {
         let nb = cols / 32;
-        let q = DevBuf::zeroed(cols)?;
-        let d = DevBuf::zeroed(nb * 4)?;
-        let s = DevBuf::zeroed(nb * 4)?;
-        let fq = gpu.func("quantize_q8")?;
-        gpu.launch(
-            fq,
-            (nb.div_ceil(8) as u32, 1, 1),
-            256,
-            &[
-                Arg::P(dx.ptr),
-                Arg::I(nb as i32),
-                Arg::P(q.ptr),
-                Arg::P(d.ptr),
-                Arg::P(s.ptr),
-            ],
-        )?;
+        let (q, d, s) = quantize_q8(gpu, &dx, nb)?;
         let f = gpu.func(&format!("mvq_{name}"))?;
         gpu.launch(
             f,
@@ -303,23 +288,7 @@ pub fn matvec_fast_nt(
             ],
         )?;
     } else if let Some(name) = crate::backend::mvq_type_name(ty) {
-        let nb = n * cols / 32;
-        let q = DevBuf::zeroed(n * cols)?;
-        let d = DevBuf::zeroed(nb * 4)?;
-        let s = DevBuf::zeroed(nb * 4)?;
-        let fq = gpu.func("quantize_q8")?;
-        gpu.launch(
-            fq,
-            (nb.div_ceil(8) as u32, 1, 1),
-            256,
-            &[
-                Arg::P(dx.ptr),
-                Arg::I(nb as i32),
-                Arg::P(q.ptr),
-                Arg::P(d.ptr),
-                Arg::P(s.ptr),
-            ],
-        )?;
+        let (q, d, s) = quantize_q8(gpu, &dx, n * cols / 32)?;
         let f = gpu.func(&format!("mvq_nt_{name}"))?;
         gpu.launch(
             f,
@@ -346,4 +315,25 @@ pub fn matvec_fast_nt(
     gpu.download_async(&mut y, dy.ptr)?;
     gpu.sync()?;
     Ok(y)
+}
+
+/// `nb` blocks of 32 values at `x` quantized by `quantize_q8`: (q, d, s).
+fn quantize_q8(gpu: &mut Gpu, x: &DevBuf, nb: usize) -> CuResult<(DevBuf, DevBuf, DevBuf)> {
+    let q = DevBuf::zeroed(nb * 32)?;
+    let d = DevBuf::zeroed(nb * 4)?;
+    let s = DevBuf::zeroed(nb * 4)?;
+    let f = gpu.func("quantize_q8")?;
+    gpu.launch(
+        f,
+        (nb.div_ceil(8) as u32, 1, 1),
+        256,
+        &[
+            Arg::P(x.ptr),
+            Arg::I(nb as i32),
+            Arg::P(q.ptr),
+            Arg::P(d.ptr),
+            Arg::P(s.ptr),
+        ],
+    )?;
+    Ok((q, d, s))
 }
