@@ -4,13 +4,21 @@ use kiln_core::kv::KvTables;
 use kiln_core::Batch;
 
 use crate::kernels;
+use crate::kvf16::KvEl;
 use crate::pool::SyncPtr;
+
+/// One KV group's K or V storage, f32 or f16 bits.
+#[derive(Clone, Copy)]
+pub(crate) enum KvRef<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+}
 
 /// Everything one layer's attention reads; `run` handles a range of
 /// `token * n_heads + head` items.
 pub(crate) struct Attn<'a> {
-    pub kc: &'a [f32],
-    pub vc: &'a [f32],
+    pub kc: KvRef<'a>,
+    pub vc: KvRef<'a>,
     pub q: &'a [f32],
     pub att: SyncPtr,
     pub batch: &'a Batch<'a>,
@@ -35,20 +43,44 @@ pub(crate) struct Attn<'a> {
 impl Attn<'_> {
     /// Items `lo..hi`; `fast` uses the AVX2 build with a polynomial exp.
     pub fn run(&self, fast: bool, lo: usize, hi: usize, scores: &mut [f32]) {
+        use KvRef::*;
+        match (self.kc, self.vc) {
+            (F32(k), F32(v)) => self.run_with(fast, k, v, lo, hi, scores),
+            (F32(k), F16(v)) => self.run_with(fast, k, v, lo, hi, scores),
+            (F16(k), F32(v)) => self.run_with(fast, k, v, lo, hi, scores),
+            (F16(k), F16(v)) => self.run_with(fast, k, v, lo, hi, scores),
+        }
+    }
+
+    fn run_with<K: KvEl, V: KvEl>(
+        &self,
+        fast: bool,
+        kc: &[K],
+        vc: &[V],
+        lo: usize,
+        hi: usize,
+        scores: &mut [f32],
+    ) {
         #[cfg(target_arch = "x86_64")]
         if fast && crate::simd::has_avx2() {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
-            unsafe { run_avx2(self, lo, hi, scores) };
+            unsafe { run_avx2(self, kc, vc, lo, hi, scores) };
             return;
         }
         let _ = fast;
         for item in lo..hi {
-            self.item::<false>(item, scores);
+            self.item::<false, K, V>(kc, vc, item, scores);
         }
     }
 
     #[inline(always)]
-    fn item<const FAST: bool>(&self, item: usize, scores: &mut [f32]) {
+    fn item<const FAST: bool, K: KvEl, V: KvEl>(
+        &self,
+        kc: &[K],
+        vc: &[V],
+        item: usize,
+        scores: &mut [f32],
+    ) {
         let (i, h) = (item / self.n_heads, item % self.n_heads);
         let (qd, hd, kvd, bs) = (self.qd, self.hd, self.kvd, self.bs);
         let kh = h / self.group;
@@ -75,10 +107,11 @@ impl Attn<'_> {
             // Four keys at a time: four independent accumulator chains.
             let k = |j: usize| {
                 let a = at(start + j);
-                &self.kc[a..a + hd]
+                &kc[a..a + hd]
             };
             while j0 + 4 <= scores.len() {
-                let d = dot4_fast([k(j0), k(j0 + 1), k(j0 + 2), k(j0 + 3)], qv);
+                // SAFETY: FAST items run only under `run_avx2`.
+                let d = unsafe { K::dot4([k(j0), k(j0 + 1), k(j0 + 2), k(j0 + 3)], qv) };
                 for (sc, d) in scores[j0..j0 + 4].iter_mut().zip(d) {
                     let mut v = d * self.scale;
                     if let Some(c) = self.softcap {
@@ -92,7 +125,7 @@ impl Attn<'_> {
         }
         for (j, sc) in scores.iter_mut().enumerate().skip(j0) {
             let a = at(start + j);
-            let mut v = kernels::dot(qv, &self.kc[a..a + hd]) * self.scale;
+            let mut v = K::dot(qv, &kc[a..a + hd]) * self.scale;
             if let Some(c) = self.softcap {
                 v = (v / c).tanh() * c;
             }
@@ -121,7 +154,7 @@ impl Attn<'_> {
         if FAST {
             let v = |j: usize| {
                 let a = at(start + j);
-                &self.vc[a..a + hd]
+                &vc[a..a + hd]
             };
             while j0 + 4 <= scores.len() {
                 let p = [
@@ -130,41 +163,29 @@ impl Attn<'_> {
                     scores[j0 + 2] * inv,
                     scores[j0 + 3] * inv,
                 ];
-                axpy4_fast(out, p, [v(j0), v(j0 + 1), v(j0 + 2), v(j0 + 3)]);
+                // SAFETY: as above.
+                unsafe { V::axpy4(out, p, [v(j0), v(j0 + 1), v(j0 + 2), v(j0 + 3)]) };
                 j0 += 4;
             }
         }
         for (j, &sc) in scores.iter().enumerate().skip(j0) {
             let a = at(start + j);
-            kernels::axpy(out, sc * inv, &self.vc[a..a + hd]);
+            V::axpy(out, sc * inv, &vc[a..a + hd]);
         }
     }
 }
 
-/// Four keys against one query (only reached from `run_avx2`).
-#[inline(always)]
-fn dot4_fast(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: FAST items run only under `run_avx2` (AVX2/FMA checked).
-    return unsafe { crate::avx2::dot4_f32(k, q) };
-    #[cfg(not(target_arch = "x86_64"))]
-    kernels::dot4(k, q)
-}
-
-/// `y += Σ p[r]·v[r]` over four rows (only reached from `run_avx2`).
-#[inline(always)]
-fn axpy4_fast(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: as in dot4_fast.
-    return unsafe { crate::avx2::axpy4_f32(y, p, v) };
-    #[cfg(not(target_arch = "x86_64"))]
-    kernels::axpy4(y, p, v)
-}
-
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2(a: &Attn<'_>, lo: usize, hi: usize, scores: &mut [f32]) {
+unsafe fn run_avx2<K: KvEl, V: KvEl>(
+    a: &Attn<'_>,
+    kc: &[K],
+    vc: &[V],
+    lo: usize,
+    hi: usize,
+    scores: &mut [f32],
+) {
     for item in lo..hi {
-        a.item::<true>(item, scores);
+        a.item::<true, K, V>(kc, vc, item, scores);
     }
 }

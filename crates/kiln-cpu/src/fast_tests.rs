@@ -240,7 +240,7 @@ const PACKED: [GgmlType; 8] = [
 
 fn pack_raw(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> crate::packed::PackedMat {
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    crate::packed::pack(ty, w, row_bytes, rows, cols).expect("packable")
+    crate::packed::pack(ty, w, row_bytes, rows, cols, 1 + rows % 3).expect("packable")
 }
 
 /// The packed layout holds the same values as the stored rows.
@@ -394,7 +394,12 @@ fn gemm_speed() {
     let mut r = Rng(3);
     let pool = ThreadPool::new(1);
     for ty in PACKED {
-        for (rows, cols, n) in [(2048, 640, 128), (640, 2048, 128), (2048, 640, 1)] {
+        let shapes: &[(usize, usize, usize)] = if std::env::var("GEMM_BIG").is_ok() {
+            &[(151936, 896, 1), (4864, 896, 1)]
+        } else {
+            &[(2048, 640, 128), (640, 2048, 128), (2048, 640, 1)]
+        };
+        for &(rows, cols, n) in shapes {
             let cols = cols / ty.block_size() * ty.block_size();
             let w = random_matrix(&mut r, ty, rows, cols);
             let row_bytes = cols / ty.block_size() * ty.type_size();
@@ -411,7 +416,11 @@ fn gemm_speed() {
             xq.quantize(&x, n, cols);
             let mut y = vec![0.0f32; n * rows];
             let yp = SyncPtr(y.as_mut_ptr());
-            let reps = if n == 1 { 400 } else { 6 };
+            let reps = if n == 1 {
+                400 * 2048 * 640 / (rows * cols)
+            } else {
+                6
+            };
             let macs = (rows * cols * n * reps) as f64;
             let t = cpu_ns();
             for _ in 0..reps {

@@ -15,8 +15,10 @@
 //! rows interleaved (`packed.rs`), and run by a GEMM kernel (`gemm.rs`,
 //! tiles of 8 rows × 4 tokens) for prefill and decode alike; the copy
 //! replaces the mapped rows on the hot path (same size, +3% for Q4_K/Q5_K;
-//! `KILN_CPU_REPACK=0` turns it off). Other matrices (the output and
-//! embedding, other types) are read as stored. `KILN_CPU_KERNELS=reference`
+//! `KILN_CPU_REPACK=0` turns it off). The output matrix is repacked too;
+//! a tied embedding gets a packed copy for the logits while token lookups
+//! read the mapped rows. Other matrices (other types, an untied embedding)
+//! are read as stored. `KILN_CPU_KERNELS=reference`
 //! or [`CpuBackend::set_kernels`] selects the reference.
 
 mod attn;
@@ -26,6 +28,7 @@ mod fast;
 #[cfg(target_arch = "x86_64")]
 mod gemm;
 mod kernels;
+mod kvf16;
 mod packed;
 mod pool;
 mod quant;
@@ -39,10 +42,11 @@ use kiln_core::rope::{inv_freqs, RopeTable};
 use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
 use kiln_format::{Model, NormKind};
 
-use attn::Attn;
+use attn::{Attn, KvRef};
 pub use fast::Kernels;
 use fast::{project, Op};
 pub use kernels::dot;
+pub use kvf16::KvType;
 use pool::SyncPtr;
 pub use pool::ThreadPool;
 use quant::QAct;
@@ -98,6 +102,44 @@ struct Layer {
     post_ffn_norm: Option<Norm>,
 }
 
+/// Repacks every packable matrix of the layers and `out` into one arena
+/// (`packed::Arena`): layers split over the threads, then `out` (the
+/// largest) split by rows.
+fn pack_all(m: &Model, layers: &mut [Layer], out: &mut Mat, threads: usize) {
+    let mut jobs: Vec<(&mut Mat, usize)> = Vec::new();
+    let mut total = 0usize;
+    for w in layers.iter_mut().flat_map(|l| l.mats_mut()) {
+        if let Some(len) = w.packed_len(m) {
+            jobs.push((w, total));
+            total += len;
+        }
+    }
+    let out_off = total;
+    let out_len = out.packed_len(m);
+    total += out_len.unwrap_or(0);
+    if total == 0 {
+        return;
+    }
+    let arena = packed::Arena::new(total);
+    let per = jobs.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for part in jobs.chunks_mut(per) {
+            let arena = &arena;
+            s.spawn(move || {
+                for (w, off) in part.iter_mut() {
+                    // SAFETY: each job's range `off..off + packed_len` is
+                    // its own; nothing reads the arena yet.
+                    unsafe { w.pack_into(m, 1, arena, *off) };
+                }
+            });
+        }
+    });
+    if out_len.is_some() {
+        // SAFETY: as above; the layers' packing is done.
+        unsafe { out.pack_into(m, threads, &arena, out_off) };
+    }
+}
+
 fn check_shape(name: &str, w: &Mat, rows: usize, cols: usize) -> Result<()> {
     if w.rows() != rows || w.cols() != cols {
         return Err(EngineError::Unsupported(format!(
@@ -117,21 +159,18 @@ fn repack_enabled() -> bool {
 }
 
 impl Layer {
-    /// Repacks every matrix of the layer that has a packed layout.
-    fn pack(&mut self, m: &Model) {
-        for w in [
+    /// The layer's matrices (those that may be repacked).
+    fn mats_mut(&mut self) -> impl Iterator<Item = &mut Mat> {
+        [
             &mut self.q,
             &mut self.k,
             &mut self.v,
             &mut self.o,
             &mut self.up,
             &mut self.down,
-        ] {
-            w.pack(m);
-        }
-        if let Some(g) = &mut self.gate {
-            g.pack(m);
-        }
+        ]
+        .into_iter()
+        .chain(self.gate.as_mut())
     }
 
     fn load(m: &Model, d: &ArchDescriptor, i: usize) -> Result<Layer> {
@@ -254,8 +293,54 @@ struct Scratch {
 
 /// K and V storage per KV group: `[block][layer in group][pos in block][kv_dim]`.
 struct KvStore {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<KvBuf>,
+    v: Vec<KvBuf>,
+}
+
+/// One group's K or V storage.
+enum KvBuf {
+    F32(Vec<f32>),
+    /// f16 bits.
+    F16(Vec<u16>),
+}
+
+impl KvBuf {
+    fn new(ty: KvType, len: usize) -> KvBuf {
+        match ty {
+            KvType::F32 => KvBuf::F32(vec![0.0; len]),
+            KvType::F16 => KvBuf::F16(vec![0; len]),
+        }
+    }
+
+    /// Stores `src` at element `at`.
+    fn store(&mut self, fast: bool, at: usize, src: &[f32]) {
+        match self {
+            KvBuf::F32(b) => b[at..at + src.len()].copy_from_slice(src),
+            KvBuf::F16(b) => kvf16::store_f16(fast, src, &mut b[at..at + src.len()]),
+        }
+    }
+
+    fn as_ref(&self) -> KvRef<'_> {
+        match self {
+            KvBuf::F32(b) => KvRef::F32(b),
+            KvBuf::F16(b) => KvRef::F16(b),
+        }
+    }
+}
+
+/// Element types of the KV cache (default: f32 for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvTypes {
+    /// Bytes of K and V storage for `layout` with these types.
+    pub fn total_bytes(&self, layout: &KvLayout) -> usize {
+        // `KvLayout::total_bytes` counts f32 for both.
+        layout.total_bytes() / 8 * (self.k.size() + self.v.size())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,17 +370,31 @@ pub struct CpuBackend {
     kernels: Kernels,
     /// The current projection input, quantized.
     xq: QAct,
+    kv_types: KvTypes,
 }
 
 impl CpuBackend {
     /// Loads the weights' layout (not their bytes: they stay mapped) and
-    /// allocates KV storage for `layout` and scratch for `max_batch` tokens.
+    /// allocates KV storage for `layout` (f32) and scratch for `max_batch`
+    /// tokens.
     pub fn new(
         model: Arc<Model>,
         desc: ArchDescriptor,
         layout: KvLayout,
         max_batch: usize,
         opts: CpuOptions,
+    ) -> Result<Self> {
+        Self::with_kv(model, desc, layout, max_batch, opts, KvTypes::default())
+    }
+
+    /// [`CpuBackend::new`] with K and V stored as `kv` says.
+    pub fn with_kv(
+        model: Arc<Model>,
+        desc: ArchDescriptor,
+        layout: KvLayout,
+        max_batch: usize,
+        opts: CpuOptions,
+        kv_types: KvTypes,
     ) -> Result<Self> {
         let m = &*model;
         let d = &desc;
@@ -324,22 +423,21 @@ impl CpuBackend {
             .map(|i| Layer::load(m, d, i))
             .collect::<Result<Vec<_>>>()?;
         let kernels = Kernels::from_env();
-        if kernels == Kernels::Fast && repack_enabled() {
-            // Layers split over the threads (a few hundred ms on one).
-            let per = layers.len().div_ceil(opts.threads.max(1)).max(1);
-            std::thread::scope(|s| {
-                for part in layers.chunks_mut(per) {
-                    s.spawn(move || part.iter_mut().for_each(|l| l.pack(m)));
-                }
-            });
-        }
-        let output = if d.tied_embeddings {
+        let mut output = if d.tied_embeddings {
             None
         } else {
             let o = Mat::load(m, "output.weight")?;
             check_shape("output.weight", &o, d.vocab_size, d.hidden)?;
             Some(o)
         };
+        let mut embd = embd;
+        if kernels == Kernels::Fast && repack_enabled() {
+            // The layer matrices, and the output matrix or the tied
+            // embedding (a packed copy for the logits; token lookups still
+            // read the mapped rows).
+            let out_mat = output.as_mut().unwrap_or(&mut embd);
+            pack_all(m, &mut layers, out_mat, opts.threads.max(1));
+        }
         let w = Weights {
             embd,
             pos_embd,
@@ -386,12 +484,13 @@ impl CpuBackend {
             sel: vec![0.0; b * d.hidden],
             seln: vec![0.0; b * d.hidden],
         };
+        let elems = |g: usize| layout.groups[g].n_blocks * layout.block_elems(g);
         let kv = KvStore {
             k: (0..layout.groups.len())
-                .map(|g| vec![0.0; layout.groups[g].n_blocks * layout.block_elems(g)])
+                .map(|g| KvBuf::new(kv_types.k, elems(g)))
                 .collect(),
             v: (0..layout.groups.len())
-                .map(|g| vec![0.0; layout.groups[g].n_blocks * layout.block_elems(g)])
+                .map(|g| KvBuf::new(kv_types.v, elems(g)))
                 .collect(),
         };
         let xq = QAct::new(max_batch, max_in.max(d.hidden));
@@ -408,7 +507,13 @@ impl CpuBackend {
             max_batch,
             kernels,
             xq,
+            kv_types,
         })
+    }
+
+    /// How K and V are stored.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv_types
     }
 
     pub fn n_threads(&self) -> usize {
@@ -615,14 +720,15 @@ impl Backend for CpuBackend {
                 let (pos, seq) = (batch.positions[i] as usize, batch.seqs[i] as usize);
                 let blk = kvt.table(seq, g)[pos / bs] as usize;
                 let at = ((blk * nlg + lig) * bs + pos % bs) * kvd;
-                kv.k[g][at..at + kvd].copy_from_slice(&s.k[i * kvd..(i + 1) * kvd]);
-                kv.v[g][at..at + kvd].copy_from_slice(&s.v[i * kvd..(i + 1) * kvd]);
+                let fast = kernels == Kernels::Fast;
+                kv.k[g].store(fast, at, &s.k[i * kvd..(i + 1) * kvd]);
+                kv.v[g].store(fast, at, &s.v[i * kvd..(i + 1) * kvd]);
             }
             // Attention over (token, head) pairs.
             {
                 let job = Attn {
-                    kc: &kv.k[g][..],
-                    vc: &kv.v[g][..],
+                    kc: kv.k[g].as_ref(),
+                    vc: kv.v[g].as_ref(),
                     q: &s.q[..],
                     att: SyncPtr(s.att.as_mut_ptr()),
                     batch,

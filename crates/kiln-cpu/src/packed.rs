@@ -34,6 +34,8 @@
 //! 4–5 (Q6_K): two vectors, the first holding weight vectors 0–3 (bits
 //! `2k..2k+2` for vector `k`), the second vectors 4–7.
 
+use std::sync::Arc;
+
 use kiln_format::GgmlType;
 
 /// Rows per group.
@@ -47,8 +49,11 @@ pub(crate) struct PackedMat {
     /// Records per group (super-blocks per row).
     pub nrec: usize,
     pub rec_bytes: usize,
-    /// `groups * nrec * rec_bytes` bytes, 64-byte aligned.
-    data: Vec<u64>,
+    /// The buffer holding the records (shared by the model's matrices).
+    arena: Arc<Arena>,
+    /// Where this matrix's `groups * nrec * rec_bytes` bytes start
+    /// (64-byte aligned).
+    off: usize,
 }
 
 impl PackedMat {
@@ -58,10 +63,92 @@ impl PackedMat {
 
     pub fn bytes(&self) -> &[u8] {
         let n = self.groups() * self.nrec * self.rec_bytes;
-        // SAFETY: u64 has no padding; the vector holds at least n bytes.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, n) }
+        &self.arena.as_slice()[self.off..self.off + n]
     }
 }
+
+/// One buffer for the packed copies of a model's matrices. Large arenas
+/// are 2 MiB aligned and asked to be backed by transparent huge pages
+/// (Linux `madvise(MADV_HUGEPAGE)`): decode streams every packed byte once
+/// per token, and with 4 KiB pages that is a TLB miss (a two-level page
+/// walk in a VM) every 4 KiB. One arena rather than one allocation per
+/// matrix, so rounding to 2 MiB costs at most 2 MiB in all.
+pub(crate) struct Arena {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is owned (like a Vec<u8>); it is written only through
+// `pack_into`, whose callers guarantee disjoint ranges and no readers.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+/// Arenas at least this large get huge pages.
+const HUGE_MIN: usize = 4 << 20;
+const HUGE: usize = 2 << 20;
+
+impl Arena {
+    /// `len` bytes, uninitialized until packed into (`pack_into` writes
+    /// every byte of its range, in the packing thread: the first touch, so
+    /// the page faults are spread over the threads).
+    pub fn new(len: usize) -> Arc<Arena> {
+        let huge = len >= HUGE_MIN && huge_pages_enabled();
+        let (size, align) = if huge {
+            (len.next_multiple_of(HUGE), HUGE)
+        } else {
+            (len.max(1), 64)
+        };
+        let layout = std::alloc::Layout::from_size_align(size, align)
+            .unwrap_or_else(|_| std::alloc::Layout::new::<u64>());
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        if huge {
+            advise_huge(raw, size);
+        }
+        Arc::new(Arena { ptr, len, layout })
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation holds `len` bytes; every byte a matrix
+        // reads was written by `pack_into` before any reader exists.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Huge pages for packed weights, unless `KILN_CPU_HUGEPAGES=0`.
+fn huge_pages_enabled() -> bool {
+    cfg!(target_os = "linux")
+        && !matches!(
+            std::env::var("KILN_CPU_HUGEPAGES").as_deref(),
+            Ok("0" | "off")
+        )
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge(p: *mut u8, len: usize) {
+    extern "C" {
+        fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+    }
+    const MADV_HUGEPAGE: i32 = 14;
+    // SAFETY: `p..p + len` is one allocation of ours, 2 MiB aligned; the
+    // advice changes no contents (failure just leaves 4 KiB pages).
+    unsafe { madvise(p.cast(), len, MADV_HUGEPAGE) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge(_: *mut u8, _: usize) {}
 
 /// Record size for `ty`, if it has a packed layout.
 pub(crate) fn record_bytes(ty: GgmlType) -> Option<usize> {
@@ -79,7 +166,28 @@ pub(crate) fn record_bytes(ty: GgmlType) -> Option<usize> {
     })
 }
 
-/// One 32-column chunk of eight rows as unsigned quants.
+/// Arena bytes for the packed copy of `rows` rows of `cols` values of type
+/// `ty` stored in `bytes` (`row_bytes` per row), rounded up to 64 so the
+/// next matrix stays aligned; `None` if the type has no packed layout or
+/// the sizes do not fit.
+pub(crate) fn packed_len(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<usize> {
+    let rec_bytes = record_bytes(ty)?;
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+    if cols == 0 || cols % bs != 0 || row_bytes != cols / bs * ts || bytes.len() < rows * row_bytes
+    {
+        return None;
+    }
+    Some((rows.div_ceil(ROWS) * (cols / bs) * rec_bytes).next_multiple_of(64))
+}
+
+/// One chunk of eight rows as unsigned quants.
 type Chunk = [[u8; 32]; ROWS];
 
 #[inline]
@@ -134,39 +242,83 @@ fn put_bits45(out: &mut [u8], q: &Chunk) {
 }
 
 /// Repacks `rows` rows of `cols` values of type `ty` stored in `bytes`
-/// (`row_bytes` per row). `None` if the type has no packed layout or the
-/// sizes do not fit.
+/// (`row_bytes` per row) into an arena of its own. `None` if the type has
+/// no packed layout or the sizes do not fit. Groups are split over
+/// `threads` threads.
+#[cfg(test)]
 pub(crate) fn pack(
     ty: GgmlType,
     bytes: &[u8],
     row_bytes: usize,
     rows: usize,
     cols: usize,
+    threads: usize,
 ) -> Option<PackedMat> {
+    let len = packed_len(ty, bytes, row_bytes, rows, cols)?;
+    let arena = Arena::new(len);
+    // SAFETY: the arena is new: nothing else reads or writes it.
+    unsafe { pack_into(ty, bytes, row_bytes, rows, cols, threads, &arena, 0) }
+}
+
+/// [`pack`] into `arena` at `off` (`packed_len` bytes from there).
+///
+/// # Safety
+/// No other thread may read or write `off..off + packed_len(..)` of the
+/// arena during the call (ranges of concurrent calls are disjoint).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_into(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    cols: usize,
+    threads: usize,
+    arena: &Arc<Arena>,
+    off: usize,
+) -> Option<PackedMat> {
+    let len = packed_len(ty, bytes, row_bytes, rows, cols)?;
     let rec_bytes = record_bytes(ty)?;
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-    if cols == 0 || cols % bs != 0 || row_bytes != cols / bs * ts || bytes.len() < rows * row_bytes
-    {
+    if off.checked_add(len)? > arena.len {
         return None;
     }
     let nrec = cols / bs;
     let groups = rows.div_ceil(ROWS);
-    let total = groups * nrec * rec_bytes;
-    let mut data = vec![0u64; total.div_ceil(8)];
-    // SAFETY: as in `bytes`, mutably.
-    let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, total) };
-    let mut q: Chunk = [[0; 32]; ROWS];
-    for g in 0..groups {
-        for b in 0..nrec {
-            let rec = &mut out[(g * nrec + b) * rec_bytes..][..rec_bytes];
-            // The source blocks of the group's rows (None: padding row).
-            let blk = |r: usize| -> Option<&[u8]> {
-                let row = g * ROWS + r;
-                (row < rows).then(|| &bytes[row * row_bytes + b * ts..][..ts])
-            };
-            pack_record(ty, rec, &blk, &mut q);
+    // SAFETY: in bounds (checked); exclusive by the caller's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(arena.ptr.as_ptr().add(off), len) };
+    let group_bytes = nrec * rec_bytes;
+    // The rounding to 64 bytes past the last group.
+    out[groups * group_bytes..].fill(0);
+    // Groups `g0..` into `part` (whole groups).
+    let pack_part = |g0: usize, part: &mut [u8]| {
+        // Padding rows' fields are skipped by `pack_record`: start from 0.
+        part.fill(0);
+        let mut q: Chunk = [[0; 32]; ROWS];
+        for (gi, grp) in part.chunks_exact_mut(group_bytes).enumerate() {
+            let g = g0 + gi;
+            for b in 0..nrec {
+                let rec = &mut grp[b * rec_bytes..][..rec_bytes];
+                // The source blocks of the group's rows (None: padding row).
+                let blk = |r: usize| -> Option<&[u8]> {
+                    let row = g * ROWS + r;
+                    (row < rows).then(|| &bytes[row * row_bytes + b * ts..][..ts])
+                };
+                pack_record(ty, rec, &blk, &mut q);
+            }
         }
+    };
+    let body = &mut out[..groups * group_bytes];
+    let threads = threads.clamp(1, groups.max(1));
+    if threads == 1 {
+        pack_part(0, body);
+    } else {
+        let per = groups.div_ceil(threads);
+        std::thread::scope(|s| {
+            for (i, part) in body.chunks_mut(per * group_bytes).enumerate() {
+                let pack_part = &pack_part;
+                s.spawn(move || pack_part(i * per, part));
+            }
+        });
     }
     Some(PackedMat {
         ty,
@@ -174,7 +326,8 @@ pub(crate) fn pack(
         cols,
         nrec,
         rec_bytes,
-        data,
+        arena: arena.clone(),
+        off,
     })
 }
 

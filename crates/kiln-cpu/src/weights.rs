@@ -1,6 +1,8 @@
 //! Weights as stored: matrices stay in the mapped file and are decoded a row
 //! at a time; vectors (norms, biases) are small and decoded once at load.
 
+use std::sync::Arc;
+
 use kiln_core::{EngineError, Result};
 use kiln_format::dequant::{dequantize_row, dequantize_to_vec, is_supported};
 use kiln_format::{GgmlType, Model, ModelTensor, TensorType};
@@ -122,12 +124,34 @@ impl Mat {
         Ok(out)
     }
 
-    /// Repacks the rows for the GEMM kernels where the type has a packed
-    /// layout (the mapped rows stay for the reference path).
-    pub fn pack(&mut self, m: &Model) {
-        let p = self
-            .raw(m)
-            .and_then(|(ty, bytes, rb)| packed::pack(ty, bytes, rb, self.rows(), self.cols()));
+    /// Arena bytes the packed copy of this matrix needs, if its type has a
+    /// packed layout.
+    pub fn packed_len(&self, m: &Model) -> Option<usize> {
+        let (ty, bytes, rb) = self.raw(m)?;
+        packed::packed_len(ty, bytes, rb, self.rows(), self.cols())
+    }
+
+    /// Repacks the rows for the GEMM kernels into `arena` at `off`
+    /// ([`Mat::packed_len`] bytes), on `threads` threads, where the type has
+    /// a packed layout (the mapped rows stay for the reference path and row
+    /// lookups).
+    ///
+    /// # Safety
+    /// As [`packed::pack_into`]: no other use of that range of the arena
+    /// during the call.
+    pub unsafe fn pack_into(
+        &mut self,
+        m: &Model,
+        threads: usize,
+        arena: &Arc<packed::Arena>,
+        off: usize,
+    ) {
+        let p = self.raw(m).and_then(|(ty, bytes, rb)| {
+            // SAFETY: the caller's contract.
+            unsafe {
+                packed::pack_into(ty, bytes, rb, self.rows(), self.cols(), threads, arena, off)
+            }
+        });
         if let Mat::Mapped { packed, .. } = self {
             *packed = p.map(Box::new);
         }
