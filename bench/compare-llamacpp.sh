@@ -61,7 +61,7 @@ echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 |
 for model in "$@"; do
     name=$(basename "$model")
     for r in $(seq 1 "$ROUNDS"); do
-        run_kiln() { "$KILN" bench "$model" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json >"$OUT/$name.kiln.$r.json"; }
+        run_kiln() { "$KILN" bench "$model" --device cpu -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json >"$OUT/$name.kiln.$r.json"; }
         run_llama() { "$VENV/bin/python" "$ROOT/bench/llamacpp_bench.py" "$model" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" >"$OUT/$name.llama.$r.json"; }
         if [ $((r % 2)) -eq 1 ]; then run_kiln; run_llama; else run_llama; run_kiln; fi
     done
