@@ -2214,11 +2214,13 @@ impl Backend for CudaBackend {
         }
         self.stage(batch, kv)?;
         self.run(batch, k, false)?;
+        // A step that returns nothing (a prefill chunk before the last) is
+        // left running: the next step queues behind it on the stream.
         if k > 0 {
             self.gpu
                 .download_async(&mut logits[..k * vocab], self.s.logits.ptr)?;
+            self.gpu.sync()?;
         }
-        self.gpu.sync()?;
         Ok(())
     }
 
