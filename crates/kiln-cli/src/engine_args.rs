@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_core::{ArchDescriptor, Backend, Engine, EngineOptions, KvLayout, SamplerParams};
-use kiln_cpu::{CpuBackend, CpuOptions, Kernels};
+use kiln_cpu::{CpuBackend, CpuOptions, Kernels, KvType, KvTypes};
 use kiln_cuda::{CudaBackend, CudaOptions};
 use kiln_format::Model;
 use kiln_tokenizer::Tokenizer;
@@ -41,7 +41,8 @@ fn parse_gpu_mem(s: &str) -> Result<usize, String> {
     kiln_cuda::parse_bytes(s).ok_or_else(|| format!("'{s}' is not a size (e.g. 512M, 8G)"))
 }
 
-/// `--device` and `--gpu-mem`: which backend runs the model (`run`, `chat`,
+/// `--device`, `--gpu-mem`, the KV cache types and `--mlock`/`--warm`:
+/// which backend runs the model and how it is loaded (`run`, `chat`,
 /// `bench`, `serve`).
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct DeviceArgs {
@@ -52,6 +53,81 @@ pub struct DeviceArgs {
     /// (default: the device's free memory less a margin).
     #[arg(long = "gpu-mem", value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<usize>,
+    /// KV cache type for K: f32 or f16 (CPU only; `-ctk` as llama.cpp).
+    #[arg(long = "cache-type-k", default_value = "f32")]
+    pub cache_type_k: KvType,
+    /// KV cache type for V: f32 or f16 (CPU only; `-ctv` as llama.cpp).
+    #[arg(long = "cache-type-v", default_value = "f32")]
+    pub cache_type_v: KvType,
+    /// Lock the model's mapped file in memory (mlock); a failure (e.g.
+    /// RLIMIT_MEMLOCK, `ulimit -l`) is a warning, as in llama.cpp.
+    #[arg(long)]
+    pub mlock: bool,
+    /// Read every page of the model's mapped file at load (in parallel), so
+    /// the first tokens do not wait on page faults.
+    #[arg(long)]
+    pub warm: bool,
+}
+
+impl DeviceArgs {
+    fn kv_types(&self) -> KvTypes {
+        KvTypes {
+            k: self.cache_type_k,
+            v: self.cache_type_v,
+        }
+    }
+
+    /// KV cache bytes for `layout` with the requested types (the CUDA
+    /// backend stores f32).
+    pub fn kv_bytes(&self, layout: &KvLayout, kind: BackendKind) -> usize {
+        match kind {
+            BackendKind::Cpu => self.kv_types().total_bytes(layout),
+            BackendKind::Cuda => layout.total_bytes(),
+        }
+    }
+}
+
+/// llama.cpp's multi-letter short flags that clap cannot declare
+/// (`-ctk`, `-ctv`), rewritten to the long ones; arguments after `--` are
+/// left alone.
+pub fn llama_aliases(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut rest = false;
+    args.into_iter()
+        .map(|a| {
+            if rest {
+                return a;
+            }
+            match a.to_str() {
+                Some("--") => {
+                    rest = true;
+                    a
+                }
+                Some("-ctk") => "--cache-type-k".into(),
+                Some("-ctv") => "--cache-type-v".into(),
+                _ => a,
+            }
+        })
+        .collect()
+}
+
+/// `--warm` and `--mlock` on an opened model (before a backend reads it).
+fn prepare_model(model: &Model, dev: &DeviceArgs, threads: usize) {
+    if dev.warm {
+        let t = Instant::now();
+        let bytes = model.warm(threads);
+        eprintln!(
+            "kiln: warmed {} MiB of model pages in {:.2} s",
+            bytes >> 20,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    if dev.mlock {
+        if let Err(e) = model.lock() {
+            eprintln!("kiln: warning: --mlock: {e}; continuing without it");
+        }
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -196,8 +272,19 @@ pub fn make_backend(
     dev: DeviceArgs,
     cpu: CpuChoice,
 ) -> Result<Built, BoxError> {
+    prepare_model(model, &dev, cpu.threads);
+    let f16_kv = dev.kv_types() != KvTypes::default();
     let cuda = match dev.device {
         Device::Cpu => None,
+        Device::Cuda if f16_kv => {
+            return Err(format!(
+                "--cache-type-k {} --cache-type-v {}: the CUDA backend stores the KV cache as f32 \
+                 only (f16 is a CPU option); drop the flags or use --device cpu",
+                dev.cache_type_k.as_str(),
+                dev.cache_type_v.as_str()
+            )
+            .into())
+        }
         Device::Auto if !kiln_cuda::driver_present() => None,
         Device::Auto | Device::Cuda => {
             let b = CudaBackend::new(
@@ -211,6 +298,13 @@ pub fn make_backend(
                 },
             );
             match (b, dev.device) {
+                (Ok(b), _) if f16_kv => {
+                    eprintln!(
+                        "kiln: warning: the CUDA backend stores the KV cache as f32; \
+                         -ctk/-ctv f16 is ignored on --device auto with a GPU"
+                    );
+                    Some(b)
+                }
                 (Ok(b), _) => Some(b),
                 (Err(e), Device::Cuda) => return Err(format!("--device cuda: {e}").into()),
                 (Err(e), _) => {
@@ -227,7 +321,7 @@ pub fn make_backend(
             name: "cuda".into(),
         });
     }
-    let mut b = CpuBackend::new(
+    let mut b = CpuBackend::with_kv(
         Arc::clone(model),
         desc.clone(),
         layout.clone(),
@@ -235,6 +329,7 @@ pub fn make_backend(
         CpuOptions {
             threads: cpu.threads,
         },
+        dev.kv_types(),
     )?;
     if let Some(k) = cpu.kernels {
         b.set_kernels(k);
@@ -243,10 +338,16 @@ pub fn make_backend(
         Kernels::Reference => ", reference kernels",
         Kernels::Fast => "",
     };
+    let kv = b.kv_types();
+    let kv = if kv == KvTypes::default() {
+        String::new()
+    } else {
+        format!(", KV {}/{}", kv.k.as_str(), kv.v.as_str())
+    };
     Ok(Built {
         backend: Box::new(b),
         kind: BackendKind::Cpu,
-        name: format!("cpu, {} threads{kernels}", cpu.threads),
+        name: format!("cpu, {} threads{kernels}{kv}", cpu.threads),
     })
 }
 
@@ -284,7 +385,6 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
         opts.block_size,
         opts.max_chunk,
     );
-    let kv_bytes = layout.total_bytes();
     let built = make_backend(
         &model,
         &desc,
@@ -294,6 +394,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
         CpuChoice::threads(a.threads),
     )
     .map_err(|e| e as Box<dyn std::error::Error>)?;
+    let kv_bytes = a.dev.kv_bytes(&layout, built.kind);
     Ok(Loaded {
         path,
         tok,

@@ -61,7 +61,7 @@ pub fn write_stdout(text: &str) -> std::io::Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(engine_args::llama_aliases(std::env::args_os()));
     let result = match cli.command {
         Command::Quantize(a) => quantize::run(a),
         Command::Synth(a) => synth::run(a),

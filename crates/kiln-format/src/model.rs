@@ -262,6 +262,62 @@ impl Model {
         self.tensors.iter().map(|t| t.n_bytes).sum()
     }
 
+    /// The model's mapped (or owned) file images.
+    fn images(&self) -> Vec<&[u8]> {
+        match &self.gguf {
+            Some(g) => vec![g.bytes()],
+            None => self.files.iter().map(|(_, s)| &**s).collect(),
+        }
+    }
+
+    /// Reads every page of the model's file images (`--warm`), split over
+    /// `threads` threads, so the first forward pass does not wait on page
+    /// faults and disk reads. Returns the bytes covered.
+    pub fn warm(&self, threads: usize) -> u64 {
+        const PAGE: usize = 4096;
+        let mut total = 0u64;
+        for img in self.images() {
+            total += img.len() as u64;
+            let per = img
+                .len()
+                .div_ceil(threads.max(1))
+                .next_multiple_of(PAGE)
+                .max(PAGE);
+            std::thread::scope(|s| {
+                for part in img.chunks(per) {
+                    s.spawn(move || {
+                        let mut acc = 0u8;
+                        for p in part.iter().step_by(PAGE) {
+                            // SAFETY: `p` is a valid reference; a volatile
+                            // read so the touch is not optimized away.
+                            acc ^= unsafe { std::ptr::read_volatile(p) };
+                        }
+                        std::hint::black_box(acc);
+                    });
+                }
+            });
+        }
+        total
+    }
+
+    /// Locks the model's file images in memory (`--mlock`, `mlock(2)` as
+    /// memmap2's `Mmap::lock` does), so they are never paged out. Fails as
+    /// `mlock` does, typically with `RLIMIT_MEMLOCK` too low (`ulimit -l`)
+    /// — the error says so.
+    pub fn lock(&self) -> std::result::Result<u64, String> {
+        let mut total = 0u64;
+        for img in self.images() {
+            lock_bytes(img).map_err(|e| {
+                let limit = memlock_limit()
+                    .map(|l| format!("RLIMIT_MEMLOCK is {l} bytes (ulimit -l)"))
+                    .unwrap_or_else(|| "see RLIMIT_MEMLOCK (ulimit -l)".into());
+                format!("mlock of {} MiB failed: {e}; {limit}", img.len() >> 20)
+            })?;
+            total += img.len() as u64;
+        }
+        Ok(total)
+    }
+
     /// Files the tensors live in.
     pub fn files(&self) -> Vec<&Path> {
         match &self.gguf {
@@ -547,4 +603,38 @@ fn mlx_quantization(path: &Path, cfg: &Json) -> Result<Option<MlxQuantization>> 
             format!("quantization: bits {b:?} / group_size {g:?} (bits 2–8, group_size 1–4096)"),
         )),
     }
+}
+
+#[cfg(unix)]
+extern "C" {
+    fn mlock(addr: *const std::ffi::c_void, len: usize) -> i32;
+}
+
+/// `mlock(2)` over `b` (the kernel rounds to whole pages).
+#[cfg(unix)]
+fn lock_bytes(b: &[u8]) -> std::io::Result<()> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `b` is a valid mapped or owned range; mlock changes no
+    // contents. The lock lasts until the mapping is dropped.
+    if unsafe { mlock(b.as_ptr().cast(), b.len()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn lock_bytes(_: &[u8]) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "mlock is not available on this platform",
+    ))
+}
+
+/// The soft `RLIMIT_MEMLOCK` (Linux: from `/proc/self/limits`).
+fn memlock_limit() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max locked memory"))?;
+    line.split_whitespace().nth(3).map(str::to_string)
 }
