@@ -86,6 +86,40 @@ pub trait Backend {
     /// order, to the front of `logits`.
     fn forward(&mut self, batch: &Batch<'_>, kv: &KvTables, logits: &mut [f32]) -> Result<()>;
 
+    /// Whether [`Backend::enqueue_sampled`] and [`Backend::wait_sampled`]
+    /// are implemented.
+    fn pipelines_sampling(&self) -> bool {
+        false
+    }
+
+    /// Like [`Backend::forward_sampled`] for a step of one token per
+    /// sequence, but returns once the step is queued, so the host can queue
+    /// the next step before it reads this one's ids. With `chain`, each
+    /// row's input token is the id the previous queued step sampled for the
+    /// same row (`batch.tokens` are placeholders). Ids come back in queue
+    /// order from [`Backend::wait_sampled`]; at most two steps are queued.
+    fn enqueue_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[DeviceSampling],
+        chain: bool,
+    ) -> Result<()> {
+        let _ = (batch, kv, params, chain);
+        Err(EngineError::Input(
+            "this backend does not queue sampled steps".into(),
+        ))
+    }
+
+    /// The ids of the oldest step queued by [`Backend::enqueue_sampled`]
+    /// (one per row), waiting for it.
+    fn wait_sampled(&mut self, ids: &mut [u32]) -> Result<()> {
+        let _ = ids;
+        Err(EngineError::Input(
+            "this backend does not queue sampled steps".into(),
+        ))
+    }
+
     /// Whether [`Backend::forward_sampled`] is implemented.
     fn samples_on_device(&self) -> bool {
         false
@@ -122,6 +156,21 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn samples_on_device(&self) -> bool {
         (**self).samples_on_device()
+    }
+    fn pipelines_sampling(&self) -> bool {
+        (**self).pipelines_sampling()
+    }
+    fn enqueue_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[DeviceSampling],
+        chain: bool,
+    ) -> Result<()> {
+        (**self).enqueue_sampled(batch, kv, params, chain)
+    }
+    fn wait_sampled(&mut self, ids: &mut [u32]) -> Result<()> {
+        (**self).wait_sampled(ids)
     }
     fn forward_sampled(
         &mut self,

@@ -143,6 +143,13 @@ pub enum Control {
     Stop,
 }
 
+/// Device sampling for a capable sampler whose step has no draw (greedy).
+const GREEDY_DEVICE: DeviceSampling = DeviceSampling {
+    temperature: 0.0,
+    top_k: 0,
+    seed: 0,
+};
+
 pub struct Engine<B: Backend> {
     pub backend: B,
     kv: KvTables,
@@ -444,6 +451,23 @@ impl<B: Backend> Engine<B> {
         Ok(id[0])
     }
 
+    /// Queues one decode step of `slot` sampled on the device: fed `token`,
+    /// or with `None` the id the previously queued step samples.
+    fn enqueue_decode(&mut self, slot: usize, token: Option<u32>, s: DeviceSampling) -> Result<()> {
+        let t = token.unwrap_or(0);
+        self.stage_decode(&[(slot, t)])?;
+        let batch = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            seqs: &self.seqs,
+            want_logits: &self.want,
+        };
+        self.backend
+            .enqueue_sampled(&batch, &self.kv, &[s], token.is_none())?;
+        self.commit(Self::decode_feeds(&[(slot, t)]));
+        Ok(())
+    }
+
     /// One token for each of several sequences (distinct slots); returns
     /// their logits, one row each, in order.
     pub fn decode_batch(&mut self, items: &[(usize, u32)]) -> Result<&mut [f32]> {
@@ -494,6 +518,10 @@ impl<B: Backend> Engine<B> {
         let on_device = self.backend.samples_on_device();
         let prompt_secs = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
+        let pipelined = self.backend.pipelines_sampling() && sampler.device_capable();
+        // Steps queued on the backend (pipelined): 1 when the step feeding
+        // `next` is already queued.
+        let mut queued = 0usize;
         let finish = loop {
             if !ignore_eos && is_stop(next) {
                 break FinishReason::Stop;
@@ -506,8 +534,29 @@ impl<B: Backend> Engine<B> {
             if out.len() >= max_tokens {
                 break FinishReason::Length;
             }
-            if self.kv.len(slot) + 1 > self.ctx() {
+            if queued == 0 && self.kv.len(slot) + 1 > self.ctx() {
                 break FinishReason::Context;
+            }
+            if pipelined {
+                // Queue the step feeding `next` (unless a speculative one
+                // already does), then, where another token may follow, the
+                // step after it fed with the id the first samples on the
+                // device; then wait for the first's id only.
+                if queued == 0 {
+                    let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
+                    self.enqueue_decode(slot, Some(next), s)?;
+                    queued = 1;
+                }
+                if out.len() + 1 < max_tokens && self.kv.len(slot) < self.ctx() {
+                    let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
+                    self.enqueue_decode(slot, None, s)?;
+                    queued += 1;
+                }
+                let mut id = [0u32];
+                self.backend.wait_sampled(&mut id)?;
+                queued -= 1;
+                next = id[0];
+                continue;
             }
             let dev = if on_device {
                 sampler.device_step()
@@ -522,6 +571,15 @@ impl<B: Backend> Engine<B> {
                 }
             };
         };
+        // A speculative step fed the token that ended the run: drop its id
+        // and its KV position, leaving what the plain loop leaves.
+        while queued > 0 {
+            let mut id = [0u32];
+            self.backend.wait_sampled(&mut id)?;
+            queued -= 1;
+            let len = self.kv.len(slot);
+            self.kv.truncate(slot, len - 1);
+        }
         Ok(Generation {
             timings: Timings {
                 prompt_tokens: prompt.len(),

@@ -147,12 +147,10 @@ impl Sampler {
     /// greedy — else `None` (sample on the host from logits). Takes the
     /// step's seed from this sampler's RNG, so a seed repeats its run.
     pub fn device_step(&mut self) -> Option<DeviceSampling> {
-        let p = &self.params;
-        let penalize = p.repeat_last_n > 0
-            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
-        if !p.logit_bias.is_empty() || penalize {
+        if !self.device_capable() {
             return None;
         }
+        let p = &self.params;
         if p.temperature <= 0.0 {
             return Some(DeviceSampling {
                 temperature: 0.0,
@@ -160,14 +158,22 @@ impl Sampler {
                 seed: 0,
             });
         }
-        if p.top_p < 1.0 || p.min_p > 0.0 {
-            return None;
-        }
         Some(DeviceSampling {
             temperature: p.temperature,
             top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
             seed: self.rng.next_u64(),
         })
+    }
+
+    /// Whether [`Sampler::device_step`] gives a step (without drawing from
+    /// the RNG).
+    pub fn device_capable(&self) -> bool {
+        let p = &self.params;
+        let penalize = p.repeat_last_n > 0
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
+        p.logit_bias.is_empty()
+            && !penalize
+            && (p.temperature <= 0.0 || (p.top_p >= 1.0 && p.min_p <= 0.0))
     }
 
     /// Restarts the RNG from the configured seed.

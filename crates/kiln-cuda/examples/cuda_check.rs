@@ -545,6 +545,28 @@ fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
                 )
                 .map_err(|e| e.to_string())?
                 .tokens;
+            // The pipelined loop leaves the KV as the plain one: the last
+            // token (Length) or the stop token is not fed.
+            let kv_len_ok = e.seq_len(0) == prompt.len() + gen.len() - 1;
+            let stop_at = gen.get(5).copied().unwrap_or(u32::MAX);
+            let first = gen.iter().position(|&t| t == stop_at).unwrap_or(0);
+            e.reset(0);
+            let mut sampler =
+                kiln_core::Sampler::new(kiln_core::SamplerParams::greedy(), e.vocab_size());
+            let g4 = e
+                .generate(
+                    0,
+                    &prompt,
+                    &mut sampler,
+                    gen.len(),
+                    false,
+                    &|t| t == stop_at,
+                    &mut |_| kiln_core::engine::Control::Continue,
+                )
+                .map_err(|e| e.to_string())?;
+            let stop_ok = g4.tokens == gen[..first]
+                && g4.finish == kiln_core::FinishReason::Stop
+                && e.seq_len(0) == prompt.len() + first;
             let same = |g: &[u32]| g.iter().zip(&gen).take_while(|(a, b)| a == b).count();
             let (s1, s2, s3) = (same(&g1), same(&g2), same(&g3));
             Ok(Row {
@@ -554,10 +576,17 @@ fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
                 max_abs: d,
                 rel,
                 greedy: format!(
-                    "{s1}/{n} logits path, {s2}/{n} GPU argmax, {s3}/{n} Engine::generate",
+                    "{s1}/{n} logits path, {s2}/{n} GPU argmax, {s3}/{n} Engine::generate (pipelined; KV {}, stop {})",
+                    if kv_len_ok { "ok" } else { "WRONG" },
+                    if stop_ok { "ok" } else { "WRONG" },
                     n = gen.len()
                 ),
-                ok: d <= 1e-3 && s1 == gen.len() && s2 == gen.len() && s3 == gen.len(),
+                ok: d <= 1e-3
+                    && s1 == gen.len()
+                    && s2 == gen.len()
+                    && s3 == gen.len()
+                    && kv_len_ok
+                    && stop_ok,
             })
         })();
         rows.push(row.unwrap_or_else(|e| Row {

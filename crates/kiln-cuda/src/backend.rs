@@ -473,6 +473,8 @@ pub struct CudaBackend {
     host_meta: Vec<u32>,
     host_samp: Vec<u32>,
     row_seqs: Vec<u32>,
+    /// Ids of steps queued by `enqueue_sampled`, copied back asynchronously.
+    pinned: crate::pinned::PinnedIds,
     graphs: Vec<Option<Graph>>,
     use_graphs: bool,
     k: Kernels,
@@ -1213,6 +1215,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
+            pinned: crate::pinned::PinnedIds::new(b)?,
             row_seqs: Vec::with_capacity(b),
             graphs: (0..=max_graph)
                 .flat_map(|_| (0..=att_split.trailing_zeros()).map(|_| None))
@@ -2149,18 +2152,63 @@ impl CudaBackend {
         params: &[GpuSampling],
         ids: &mut [u32],
     ) -> Result<()> {
-        let n = batch.len();
-        if n == 0 {
+        if batch.is_empty() {
             return Ok(());
         }
+        let k = self.queue_sampled(batch, kv, params, false)?;
+        if ids.len() < k {
+            return Err(EngineError::Input("ids buffer too small".into()));
+        }
+        if k > 0 {
+            self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
+        }
+        self.gpu.sync()?;
+        Ok(())
+    }
+
+    /// Queues `batch` and the sampling of each logits row into `s.ids`
+    /// (greedy rows by the argmax alone when every row is greedy); with
+    /// `chain`, the batch's tokens are first replaced on the device by the
+    /// ids the previous queued step left in `s.ids`. Returns the rows.
+    fn queue_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[GpuSampling],
+        chain: bool,
+    ) -> Result<usize> {
         self.validate(batch, kv)?;
+        let n = batch.len();
         let k = batch.n_logits();
-        if ids.len() < k || params.len() < k {
+        if params.len() < k {
             return Err(EngineError::Input(
-                "ids or sampling parameters shorter than the logits rows".into(),
+                "sampling parameters shorter than the logits rows".into(),
+            ));
+        }
+        if chain && k != n {
+            return Err(EngineError::Input(
+                "a chained step has one token per sequence, each wanting logits".into(),
             ));
         }
         self.stage(batch, kv)?;
+        if chain {
+            // SAFETY: both device buffers hold at least n u32; stream order
+            // puts the copy after the previous step's sampling.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    self.meta_ptr(self.ml.tokens),
+                    self.s.ids.ptr,
+                    n * 4,
+                    self.gpu.stream,
+                )
+            }
+            .map_err(|e| CudaError(format!("CUDA copy: {e:?}")))?;
+        }
+        let greedy = params[..k].iter().all(|p| p.temperature <= 0.0);
+        if greedy {
+            self.run(batch, k, true)?;
+            return Ok(k);
+        }
         for (i, p) in params[..k].iter().enumerate() {
             self.host_samp[4 * i..4 * i + 4].copy_from_slice(&sampling_words(p));
         }
@@ -2179,10 +2227,8 @@ impl CudaBackend {
                     Arg::P(self.s.ids.ptr),
                 ],
             )?;
-            self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
         }
-        self.gpu.sync()?;
-        Ok(())
+        Ok(k)
     }
 }
 
@@ -2226,6 +2272,33 @@ impl Backend for CudaBackend {
 
     fn samples_on_device(&self) -> bool {
         true
+    }
+
+    fn pipelines_sampling(&self) -> bool {
+        true
+    }
+
+    fn enqueue_sampled(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: &[GpuSampling],
+        chain: bool,
+    ) -> Result<()> {
+        if self.pinned.is_full() {
+            return Err(EngineError::Input(format!(
+                "{} sampled steps are already queued",
+                crate::pinned::SLOTS
+            )));
+        }
+        let k = self.queue_sampled(batch, kv, params, chain)?;
+        self.pinned.push(&self.gpu, self.s.ids.ptr, k)?;
+        Ok(())
+    }
+
+    fn wait_sampled(&mut self, ids: &mut [u32]) -> Result<()> {
+        self.pinned.pop(ids)?;
+        Ok(())
     }
 
     fn forward_sampled(

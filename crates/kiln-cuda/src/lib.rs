@@ -18,6 +18,7 @@
 
 mod backend;
 pub mod gpu;
+mod pinned;
 pub mod testing;
 
 pub use backend::{
