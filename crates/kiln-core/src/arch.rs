@@ -140,3 +140,46 @@ impl ArchDescriptor {
         self.layers.iter().filter_map(|l| l.window).max()
     }
 }
+
+#[cfg(test)]
+impl ArchDescriptor {
+    /// A tiny llama-like descriptor for unit tests: one layer per entry of
+    /// `windows` (its sliding window), no RoPE.
+    pub(crate) fn test_tiny(windows: &[Option<usize>], context_length: usize) -> ArchDescriptor {
+        ArchDescriptor {
+            name: "test",
+            vocab_size: 10,
+            hidden: 8,
+            n_layers: windows.len(),
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            intermediate: 16,
+            context_length,
+            norm: kiln_format::NormKind::Rms,
+            norm_eps: 1e-6,
+            norm_weight_offset: 0.0,
+            activation: kiln_format::Activation::Silu,
+            gated_ffn: true,
+            fused_qkv: false,
+            qk_norm: false,
+            post_attn_norm: false,
+            post_ffn_norm: false,
+            embedding_scale: 1.0,
+            learned_positions: false,
+            causal: true,
+            attn_scale: 0.5,
+            attn_softcap: None,
+            final_softcap: None,
+            tied_embeddings: true,
+            rope: None,
+            layers: windows
+                .iter()
+                .map(|&window| LayerDesc {
+                    window,
+                    rope_table: 0,
+                })
+                .collect(),
+        }
+    }
+}

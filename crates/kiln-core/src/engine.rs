@@ -596,7 +596,7 @@ impl<B: Backend> Engine<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::{ArchDescriptor, LayerDesc};
+    use crate::arch::ArchDescriptor;
 
     /// A batch as the backend saw it: tokens, positions, sequences, wants.
     type Seen = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<bool>);
@@ -658,38 +658,7 @@ mod tests {
     }
 
     fn engine(logit_rows: usize) -> Engine<Echo> {
-        let desc = ArchDescriptor {
-            name: "test",
-            vocab_size: 10,
-            hidden: 8,
-            n_layers: 1,
-            n_heads: 2,
-            n_kv_heads: 1,
-            head_dim: 4,
-            intermediate: 16,
-            context_length: 16,
-            norm: kiln_format::NormKind::Rms,
-            norm_eps: 1e-6,
-            norm_weight_offset: 0.0,
-            activation: kiln_format::Activation::Silu,
-            gated_ffn: true,
-            fused_qkv: false,
-            qk_norm: false,
-            post_attn_norm: false,
-            post_ffn_norm: false,
-            embedding_scale: 1.0,
-            learned_positions: false,
-            causal: true,
-            attn_scale: 0.5,
-            attn_softcap: None,
-            final_softcap: None,
-            tied_embeddings: true,
-            rope: None,
-            layers: vec![LayerDesc {
-                window: None,
-                rope_table: 0,
-            }],
-        };
+        let desc = ArchDescriptor::test_tiny(&[None], 16);
         let layout = KvLayout::plan(&desc, 16, 3, 4, 8);
         let echo = Echo {
             desc,

@@ -302,44 +302,9 @@ impl KvTables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::LayerDesc;
 
     fn desc(windows: &[Option<usize>]) -> ArchDescriptor {
-        ArchDescriptor {
-            name: "test",
-            vocab_size: 10,
-            hidden: 8,
-            n_layers: windows.len(),
-            n_heads: 2,
-            n_kv_heads: 1,
-            head_dim: 4,
-            intermediate: 16,
-            context_length: 64,
-            norm: kiln_format::NormKind::Rms,
-            norm_eps: 1e-6,
-            norm_weight_offset: 0.0,
-            activation: kiln_format::Activation::Silu,
-            gated_ffn: true,
-            fused_qkv: false,
-            qk_norm: false,
-            post_attn_norm: false,
-            post_ffn_norm: false,
-            embedding_scale: 1.0,
-            learned_positions: false,
-            causal: true,
-            attn_scale: 0.5,
-            attn_softcap: None,
-            final_softcap: None,
-            tied_embeddings: true,
-            rope: None,
-            layers: windows
-                .iter()
-                .map(|&window| LayerDesc {
-                    window,
-                    rope_table: 0,
-                })
-                .collect(),
-        }
+        ArchDescriptor::test_tiny(windows, 64)
     }
 
     #[test]
