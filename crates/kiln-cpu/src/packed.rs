@@ -338,6 +338,9 @@ fn pack_record<'a>(
     q: &mut Chunk,
 ) {
     use GgmlType::*;
+    // The eight rows' blocks, looked up once (not a dynamic call per byte).
+    let rows: [Option<&'a [u8]>; ROWS] = std::array::from_fn(blk);
+    let blk = |r: usize| rows[r];
     // Scale fields: copy the f16 at `src` of each row to `dst + 2r`.
     let f16s = |rec: &mut [u8], dst: usize, src: usize| {
         for r in 0..ROWS {
@@ -387,9 +390,12 @@ fn pack_record<'a>(
         }
         Q8_0 => {
             f16s(rec, 0, 0);
-            for j in 0..8 {
-                for i in 0..32 {
-                    rec[16 + 32 * j + i] = blk(i / 4).map_or(0, |b| b[2 + 4 * j + i % 4]);
+            // Vector j, row r: the row's bytes 4j..4j+4 (padding rows stay 0).
+            for (r, b) in rows.iter().enumerate() {
+                let Some(b) = b else { continue };
+                for j in 0..8 {
+                    let at = 16 + 32 * j + 4 * r;
+                    rec[at..at + 4].copy_from_slice(&b[2 + 4 * j..2 + 4 * j + 4]);
                 }
             }
         }
