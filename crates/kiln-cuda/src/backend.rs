@@ -86,14 +86,15 @@ pub(crate) const MVF_NT_ROWS: usize = 2;
 
 /// A kernel argument list assembled from parts without allocating.
 struct ArgList {
-    a: [Arg; 16],
+    a: [Arg; 24],
     n: usize,
 }
 
 impl ArgList {
+    /// The parts in order (at most 24 arguments: every kernel here takes fewer).
     fn of(parts: &[&[Arg]]) -> ArgList {
         let mut l = ArgList {
-            a: [Arg::I(0); 16],
+            a: [Arg::I(0); 24],
             n: 0,
         };
         for &a in parts.iter().flat_map(|p| p.iter()) {
@@ -1898,6 +1899,28 @@ impl CudaBackend {
             .filter(|_| n >= self.att_gqa_min);
             let group = d.n_heads / d.n_kv_heads;
             let window = ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+            // The attention kernels' arguments around their shape arguments.
+            let att_head = [
+                Arg::P(s.qkv.ptr),
+                Arg::I(qkv_dim as i32),
+                Arg::P(self.kv_k[g].ptr),
+                Arg::P(self.kv_v[g].ptr),
+            ];
+            let att_tail = [
+                Arg::P(self.meta_ptr(ml.positions)),
+                Arg::P(self.meta_ptr(ml.ends)),
+                Arg::P(self.meta_ptr(ml.rowidx)),
+                Arg::P(tables),
+                Arg::I(ml.tstride as i32),
+                Arg::I(self.layout.block_size as i32),
+                Arg::I(nlg as i32),
+                Arg::I(lig as i32),
+                Arg::I(window),
+                Arg::F(d.attn_scale),
+                Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                Arg::P(s.att.ptr),
+                Arg::I(qd as i32),
+            ];
             if from_zero && n >= self.att_gemm_min && n <= self.att_gemm_cap {
                 self.attention_gemm(n, window)?;
             } else if n >= self.att_gqa_min
@@ -1908,33 +1931,18 @@ impl CudaBackend {
                 && 32 % group == 0
             {
                 let tq = 32 / group;
+                let shape = [
+                    Arg::I(n as i32),
+                    Arg::I(d.n_kv_heads as i32),
+                    Arg::I(d.head_dim as i32),
+                    Arg::I(group as i32),
+                ];
+                let args = ArgList::of(&[&att_head, &shape, &att_tail]);
                 self.gpu.launch(
                     self.k.attention_tile,
                     (d.n_kv_heads as u32, n.div_ceil(tq) as u32, 1),
                     128,
-                    &[
-                        Arg::P(s.qkv.ptr),
-                        Arg::I(qkv_dim as i32),
-                        Arg::P(self.kv_k[g].ptr),
-                        Arg::P(self.kv_v[g].ptr),
-                        Arg::I(n as i32),
-                        Arg::I(d.n_kv_heads as i32),
-                        Arg::I(d.head_dim as i32),
-                        Arg::I(group as i32),
-                        Arg::P(self.meta_ptr(ml.positions)),
-                        Arg::P(self.meta_ptr(ml.ends)),
-                        Arg::P(self.meta_ptr(ml.rowidx)),
-                        Arg::P(tables),
-                        Arg::I(ml.tstride as i32),
-                        Arg::I(self.layout.block_size as i32),
-                        Arg::I(nlg as i32),
-                        Arg::I(lig as i32),
-                        Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
-                        Arg::F(d.attn_scale),
-                        Arg::F(d.attn_softcap.unwrap_or(0.0)),
-                        Arg::P(s.att.ptr),
-                        Arg::I(qd as i32),
-                    ],
+                    args.get(),
                 )?;
             } else {
                 let (att_f, att_heads, split) = match gqa {
@@ -1942,36 +1950,20 @@ impl CudaBackend {
                     None if n <= ATT_SPLIT_MAX_TOKENS => (self.k.attention, d.n_heads, split),
                     None => (self.k.attention, d.n_heads, 1),
                 };
-                // `attention` takes two more arguments than `attention_g*`
-                // (the split scratch); a launch reads only its kernel's own.
+                let shape = [
+                    Arg::I(d.n_heads as i32),
+                    Arg::I(d.n_kv_heads as i32),
+                    Arg::I(d.head_dim as i32),
+                ];
+                // `attention` takes the split scratch too; `attention_g*`
+                // stop before it (a launch reads only its kernel's own).
+                let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
+                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),
                     128,
-                    &[
-                        Arg::P(s.qkv.ptr),
-                        Arg::I(qkv_dim as i32),
-                        Arg::P(self.kv_k[g].ptr),
-                        Arg::P(self.kv_v[g].ptr),
-                        Arg::I(d.n_heads as i32),
-                        Arg::I(d.n_kv_heads as i32),
-                        Arg::I(d.head_dim as i32),
-                        Arg::P(self.meta_ptr(ml.positions)),
-                        Arg::P(self.meta_ptr(ml.ends)),
-                        Arg::P(self.meta_ptr(ml.rowidx)),
-                        Arg::P(tables),
-                        Arg::I(ml.tstride as i32),
-                        Arg::I(self.layout.block_size as i32),
-                        Arg::I(nlg as i32),
-                        Arg::I(lig as i32),
-                        Arg::I(ld.window.map_or(0, |w| w.min(i32::MAX as usize) as i32)),
-                        Arg::F(d.attn_scale),
-                        Arg::F(d.attn_softcap.unwrap_or(0.0)),
-                        Arg::P(s.att.ptr),
-                        Arg::I(qd as i32),
-                        Arg::P(s.att_part.ptr),
-                        Arg::P(s.att_count.ptr),
-                    ],
+                    args.get(),
                 )?;
             }
             self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;

@@ -18,10 +18,7 @@ pub fn matmul(
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    gpu.bind()?;
-    let dw = DevBuf::from_bytes(w)?;
-    let dx = DevBuf::from_f32(x)?;
-    let dy = DevBuf::from_f32(&vec![f32::NAN; n * rows])?;
+    let (dw, dx, dy) = product_buffers(gpu, w, x, n * rows)?;
     let (nt, suffix) = match n {
         1 => (1, 1),
         2 => (2, 2),
@@ -45,10 +42,7 @@ pub fn matmul(
             Arg::P(0),
         ],
     )?;
-    let mut y = vec![0.0f32; n * rows];
-    gpu.download_async(&mut y, dy.ptr)?;
-    gpu.sync()?;
-    Ok(y)
+    fetch(gpu, &dy, n * rows)
 }
 
 /// `y[r] = W[r] · x` with the one-token GEMV of `ty` (4 rows per warp).
@@ -62,10 +56,7 @@ pub fn matvec(
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    gpu.bind()?;
-    let dw = DevBuf::from_bytes(w)?;
-    let dx = DevBuf::from_f32(x)?;
-    let dy = DevBuf::from_f32(&vec![f32::NAN; rows])?;
+    let (dw, dx, dy) = product_buffers(gpu, w, x, rows)?;
     let f = gpu.func(&format!("mv_{name}"))?;
     gpu.launch(
         f,
@@ -81,10 +72,7 @@ pub fn matvec(
             Arg::P(0),
         ],
     )?;
-    let mut y = vec![0.0f32; rows];
-    gpu.download_async(&mut y, dy.ptr)?;
-    gpu.sync()?;
-    Ok(y)
+    fetch(gpu, &dy, rows)
 }
 
 /// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`.
@@ -122,10 +110,7 @@ pub fn embed(
             Arg::P(dy.ptr),
         ],
     )?;
-    let mut y = vec![0.0f32; ids.len() * cols];
-    gpu.download_async(&mut y, dy.ptr)?;
-    gpu.sync()?;
-    Ok(y)
+    fetch(gpu, &dy, ids.len() * cols)
 }
 
 /// One sampled id per row of `logits` (`rows` x `cols`) with the GPU
@@ -162,10 +147,7 @@ pub fn sample(
             Arg::P(dout.ptr),
         ],
     )?;
-    let mut ids = vec![0u32; rows];
-    gpu.download_async(&mut ids, dout.ptr)?;
-    gpu.sync()?;
-    Ok(ids)
+    fetch(gpu, &dout, rows)
 }
 
 /// The decode GEMV of `ty` as the backend runs it for one token: the 16-byte
@@ -185,10 +167,7 @@ pub fn matvec_fast(
     let float = crate::backend::mvf_type_name(ty);
     let quant = crate::backend::mvq_type_name(ty);
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    gpu.bind()?;
-    let dw = DevBuf::from_bytes(w)?;
-    let dx = DevBuf::from_f32(x)?;
-    let dy = DevBuf::from_f32(&vec![f32::NAN; rows])?;
+    let (dw, dx, dy) = product_buffers(gpu, w, x, rows)?;
     let grid = (rows.div_ceil(8) as u32, 1, 1);
     let mut xq = None;
     if let Some(name) = float {
@@ -233,19 +212,15 @@ pub fn matvec_fast(
                 Arg::P(0),
             ],
         )?;
-        let mut qb = vec![0u8; cols];
-        let mut db = vec![0.0f32; nb];
-        gpu.download_async(&mut qb, q.ptr)?;
-        gpu.download_async(&mut db, d.ptr)?;
-        gpu.sync()?;
-        xq = Some((qb.into_iter().map(|b| b as i8).collect(), db));
+        let qb: Vec<u8> = fetch(gpu, &q, cols)?;
+        xq = Some((
+            qb.into_iter().map(|b| b as i8).collect(),
+            fetch(gpu, &d, nb)?,
+        ));
     } else {
         return Err(CudaError(format!("no fast decode GEMV for {ty}")));
     }
-    let mut y = vec![0.0f32; rows];
-    gpu.download_async(&mut y, dy.ptr)?;
-    gpu.sync()?;
-    Ok((y, xq))
+    Ok((fetch(gpu, &dy, rows)?, xq))
 }
 
 /// The few-token decode GEMV of `ty` (`mvf_nt_*`, or `x` quantized per token
@@ -260,10 +235,7 @@ pub fn matvec_fast_nt(
     n: usize,
 ) -> CuResult<Vec<f32>> {
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    gpu.bind()?;
-    let dw = DevBuf::from_bytes(w)?;
-    let dx = DevBuf::from_f32(&x[..n * cols])?;
-    let dy = DevBuf::from_f32(&vec![f32::NAN; n * rows])?;
+    let (dw, dx, dy) = product_buffers(gpu, w, &x[..n * cols], n * rows)?;
     let grid = (rows.div_ceil(8) as u32, n.div_ceil(8) as u32, 1);
     if let Some(name) = crate::backend::mvf_type_name(ty) {
         let f = gpu.func(&format!("mvf_nt_{name}"))?;
@@ -311,10 +283,7 @@ pub fn matvec_fast_nt(
     } else {
         return Err(CudaError(format!("no fast decode GEMV for {ty}")));
     }
-    let mut y = vec![0.0f32; n * rows];
-    gpu.download_async(&mut y, dy.ptr)?;
-    gpu.sync()?;
-    Ok(y)
+    fetch(gpu, &dy, n * rows)
 }
 
 /// `nb` blocks of 32 values at `x` quantized by `quantize_q8`: (q, d, s).
@@ -336,4 +305,27 @@ fn quantize_q8(gpu: &mut Gpu, x: &DevBuf, nb: usize) -> CuResult<(DevBuf, DevBuf
         ],
     )?;
     Ok((q, d, s))
+}
+
+/// Weights, input and a NaN-filled output of `y_len` floats on the device.
+fn product_buffers(
+    gpu: &mut Gpu,
+    w: &[u8],
+    x: &[f32],
+    y_len: usize,
+) -> CuResult<(DevBuf, DevBuf, DevBuf)> {
+    gpu.bind()?;
+    Ok((
+        DevBuf::from_bytes(w)?,
+        DevBuf::from_f32(x)?,
+        DevBuf::from_f32(&vec![f32::NAN; y_len])?,
+    ))
+}
+
+/// The first `len` values of `buf`, after everything queued so far.
+fn fetch<T: Copy + Default>(gpu: &mut Gpu, buf: &DevBuf, len: usize) -> CuResult<Vec<T>> {
+    let mut v = vec![T::default(); len];
+    gpu.download_async(&mut v, buf.ptr)?;
+    gpu.sync()?;
+    Ok(v)
 }
