@@ -1,5 +1,5 @@
-//! Quantizer throughput (ignored by default; release build recommended):
-//! `cargo test --release -p kiln-format --test quantize_speed -- --ignored --nocapture`.
+//! Quantizer throughput (a benchmark, not a test):
+//! `cargo run --release -p kiln-format --example quantize_speed`.
 //! `KILN_QUANT_THREADS` sets the threads (default: all cores).
 
 use std::time::Instant;
@@ -7,9 +7,7 @@ use std::time::Instant;
 use kiln_format::quantize::quantize_par;
 use kiln_format::GgmlType;
 
-#[test]
-#[ignore]
-fn quantize_throughput() {
+fn main() {
     let threads = std::env::var("KILN_QUANT_THREADS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -25,9 +23,18 @@ fn quantize_throughput() {
         })
         .collect();
     for name in ["Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"] {
-        let ty = GgmlType::from_name(name).unwrap();
+        let Some(ty) = GgmlType::from_name(name) else {
+            eprintln!("unknown type {name}");
+            continue;
+        };
         let t = Instant::now();
-        let q = quantize_par(ty, &x, threads).unwrap();
+        let q = match quantize_par(ty, &x, threads) {
+            Ok(q) => q,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                continue;
+            }
+        };
         let dt = t.elapsed().as_secs_f64();
         println!(
             "{name:5} {threads} threads: {:7.1} M values/s ({} bytes, {dt:.2} s)",
