@@ -2116,20 +2116,7 @@ impl CudaBackend {
         kv: &KvTables,
         ids: &mut [u32],
     ) -> Result<()> {
-        let n = batch.len();
-        if n == 0 {
-            return Ok(());
-        }
-        self.validate(batch, kv)?;
-        let k = batch.n_logits();
-        if ids.len() < k {
-            return Err(EngineError::Input("ids buffer too small".into()));
-        }
-        self.stage(batch, kv)?;
-        self.run(batch, k, true)?;
-        self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
-        self.gpu.sync()?;
-        Ok(())
+        self.forward_ids(batch, kv, None, ids)
     }
 }
 
@@ -2144,13 +2131,25 @@ impl CudaBackend {
         params: &[GpuSampling],
         ids: &mut [u32],
     ) -> Result<()> {
+        self.forward_ids(batch, kv, Some(params), ids)
+    }
+
+    /// Runs `batch`, samples each logits row (`None`: greedy) and returns
+    /// the ids.
+    fn forward_ids(
+        &mut self,
+        batch: &Batch<'_>,
+        kv: &KvTables,
+        params: Option<&[GpuSampling]>,
+        ids: &mut [u32],
+    ) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
-        let k = self.queue_sampled(batch, kv, params, false)?;
-        if ids.len() < k {
+        if ids.len() < batch.n_logits() {
             return Err(EngineError::Input("ids buffer too small".into()));
         }
+        let k = self.queue_sampled(batch, kv, params, false)?;
         if k > 0 {
             self.gpu.download_async(&mut ids[..k], self.s.ids.ptr)?;
         }
@@ -2159,20 +2158,20 @@ impl CudaBackend {
     }
 
     /// Queues `batch` and the sampling of each logits row into `s.ids`
-    /// (greedy rows by the argmax alone when every row is greedy); with
+    /// (by the argmax alone with no parameters or all rows greedy); with
     /// `chain`, the batch's tokens are first replaced on the device by the
     /// ids the previous queued step left in `s.ids`. Returns the rows.
     fn queue_sampled(
         &mut self,
         batch: &Batch<'_>,
         kv: &KvTables,
-        params: &[GpuSampling],
+        params: Option<&[GpuSampling]>,
         chain: bool,
     ) -> Result<usize> {
         self.validate(batch, kv)?;
         let n = batch.len();
         let k = batch.n_logits();
-        if params.len() < k {
+        if params.is_some_and(|p| p.len() < k) {
             return Err(EngineError::Input(
                 "sampling parameters shorter than the logits rows".into(),
             ));
@@ -2196,11 +2195,13 @@ impl CudaBackend {
             }
             .map_err(|e| CudaError(format!("CUDA copy: {e:?}")))?;
         }
-        let greedy = params[..k].iter().all(|p| p.temperature <= 0.0);
-        if greedy {
-            self.run(batch, k, true)?;
-            return Ok(k);
-        }
+        let params = match params {
+            Some(p) if p[..k].iter().any(|p| p.temperature > 0.0) => p,
+            _ => {
+                self.run(batch, k, true)?;
+                return Ok(k);
+            }
+        };
         for (i, p) in params[..k].iter().enumerate() {
             self.host_samp[4 * i..4 * i + 4].copy_from_slice(&sampling_words(p));
         }
@@ -2283,7 +2284,7 @@ impl Backend for CudaBackend {
                 crate::pinned::SLOTS
             )));
         }
-        let k = self.queue_sampled(batch, kv, params, chain)?;
+        let k = self.queue_sampled(batch, kv, Some(params), chain)?;
         self.pinned.push(&self.gpu, self.s.ids.ptr, k)?;
         Ok(())
     }
@@ -2300,12 +2301,7 @@ impl Backend for CudaBackend {
         params: &[GpuSampling],
         ids: &mut [u32],
     ) -> Result<()> {
-        let k = batch.n_logits();
-        if params.iter().take(k).all(|p| p.temperature <= 0.0) {
-            self.forward_greedy(batch, kv, ids)
-        } else {
-            self.forward_sample(batch, kv, params, ids)
-        }
+        self.forward_ids(batch, kv, Some(params), ids)
     }
 }
 
