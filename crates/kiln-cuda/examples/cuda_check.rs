@@ -117,9 +117,9 @@ fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             // n = 1: the one-token GEMV (4 rows per warp); else the batched one.
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
             let y = if n == 1 {
-                kiln_cuda::testing::matvec(gpu, ty, &w, rows, cols, &x)
+                kiln_cuda::testing::matvec(gpu, ty, &w, rows, cols, &x, false)
             } else {
-                kiln_cuda::testing::matmul(gpu, ty, &w, rows, cols, &x, n)
+                kiln_cuda::testing::matmul(gpu, ty, &w, rows, cols, &x, n, false)
             };
             let y = match y {
                 Ok(y) => y,
@@ -183,15 +183,15 @@ fn op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
 /// dequantized weights and the activations the kernel used.
 fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     println!("\n## op level: decode GEMVs (mvf / quantize_q8 + mvq) vs f64");
-    println!("| type | rows x cols | max rel err vs f64 on the kernel's inputs | 8-bit x: bit-exact | rel err vs f32 x (what 8-bit x costs) | 2/8/11 tokens = 1 token, bit for bit |");
-    println!("|---|---|---|---|---|---|");
+    println!("| type | rows x cols | max rel err vs f64 on the kernel's inputs | 8-bit x: bit-exact | rel err vs f32 x (what 8-bit x costs) | 2/8/11 tokens = 1 token, bit for bit | repacked = plain, bit for bit |");
+    println!("|---|---|---|---|---|---|---|");
     let mut rng = Rng(0x0123_4567_89ab_cdef);
     for ty in TYPES {
         let bs = ty.block_size();
         let sizes: Vec<usize> = match bs {
             1 if ty == GgmlType::F32 => vec![100, 2052],
             1 => vec![72, 2056],
-            32 => vec![96, 2240],
+            32 => vec![96, 2240, 2304],
             _ => vec![512, 2304],
         };
         for cols in sizes {
@@ -200,7 +200,8 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             let mut deq = vec![0.0f32; rows * cols];
             kiln_format::dequant::dequantize(ty, &w, &mut deq).expect("dequant");
             let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
-            let (y, xq) = match kiln_cuda::testing::matvec_fast(gpu, ty, &w, rows, cols, &x) {
+            let (y, xq) = match kiln_cuda::testing::matvec_fast(gpu, ty, &w, rows, cols, &x, false)
+            {
                 Ok(r) => r,
                 Err(e) if e.0.starts_with("no fast decode GEMV") => continue,
                 Err(e) => {
@@ -253,7 +254,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             let mut nt_same = true;
             for n in [2usize, 8, 11] {
                 let xs: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-                match kiln_cuda::testing::matvec_fast_nt(gpu, ty, &w, rows, cols, &xs, n) {
+                match kiln_cuda::testing::matvec_fast_nt(gpu, ty, &w, rows, cols, &xs, n, false) {
                     Ok(yn) => {
                         for t in 0..n {
                             let one = kiln_cuda::testing::matvec_fast(
@@ -263,6 +264,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                                 rows,
                                 cols,
                                 &xs[t * cols..(t + 1) * cols],
+                                false,
                             );
                             nt_same &= one.is_ok_and(|(y1, _)| {
                                 y1.iter()
@@ -277,14 +279,29 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     }
                 }
             }
-            let ok = rel <= 1e-5 && exact_q && nt_same;
+            // The repacked layout (Q4_0 / Q8_0 layer matrices): the same
+            // integers and scales in another order, so every kernel that
+            // reads it gives the plain layout's results bit for bit.
+            let repacked = if kiln_cuda::testing::repacks(ty, cols) {
+                let xs: Vec<f32> = (0..8 * cols).map(|_| rng.f()).collect();
+                match repacked_same(gpu, ty, &w, rows, cols, &x, &xs) {
+                    Ok(same) => Some(same),
+                    Err(e) => {
+                        failures.push(format!("repacked {ty} {cols}: {e}"));
+                        Some(false)
+                    }
+                }
+            } else {
+                None
+            };
+            let ok = rel <= 1e-5 && exact_q && nt_same && repacked != Some(false);
             if !ok {
                 failures.push(format!(
-                    "fast op {ty} {cols}: rel {rel:.2e}, q8 exact {exact_q}"
+                    "fast op {ty} {cols}: rel {rel:.2e}, q8 exact {exact_q}, repacked {repacked:?}"
                 ));
             }
             println!(
-                "| {ty} | {rows} x {cols} | {rel:.2e} | {} | {:.2e} | {} {}|",
+                "| {ty} | {rows} x {cols} | {rel:.2e} | {} | {:.2e} | {} | {} {}|",
                 if xq.is_some() {
                     if exact_q {
                         "yes"
@@ -296,6 +313,11 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                 },
                 num32 / den.max(1e-30),
                 if nt_same { "yes" } else { "NO" },
+                match repacked {
+                    None => "-",
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                },
                 if ok { "" } else { "FAIL " }
             );
         }
@@ -877,6 +899,51 @@ fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
 /// GPU sampling against the exact distribution: softmax over the top k of
 /// logits / T, estimated from 20,000 rows with different seeds (total
 /// variation distance), plus determinism per seed and temp 0 = argmax.
+/// Greedy argmax on the GPU against `kiln_core::sampler::argmax` on rows
+/// of 100 to 128,256 entries with planted ties (across slices), NaN and
+/// -inf, twice per launch set (slice counters reset).
+fn argmax_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
+    let mut rng = Rng(777);
+    let mut all_ok = true;
+    for cols in [100usize, 4096, 5000, 128_256, 262_144] {
+        let rows = 6;
+        let mut l: Vec<f32> = (0..rows * cols).map(|_| rng.f() * 8.0).collect();
+        let row = |r: usize| r * cols..(r + 1) * cols;
+        // 1: a tie between two slices (the lower index must win);
+        // 2: NaN and -inf around the maximum; 3: all -inf but one NaN;
+        // 4: all equal; 5: the maximum at the last entry.
+        l[row(1)][cols / 3] = 100.0;
+        l[row(1)][cols - 2] = 100.0;
+        l[row(2)][0] = f32::NAN;
+        l[row(2)][cols / 2] = f32::NEG_INFINITY;
+        l[row(2)][cols / 2 + 1] = 50.0;
+        l[row(3)].fill(f32::NEG_INFINITY);
+        l[row(3)][cols / 4] = f32::NAN;
+        l[row(4)].fill(1.5);
+        l[row(5)][cols - 1] = 1e9;
+        let want: Vec<u32> = (0..rows)
+            .map(|r| kiln_core::sampler::argmax(&l[row(r)]))
+            .collect();
+        match kiln_cuda::testing::argmax(gpu, &l, cols) {
+            Ok((a, b)) => {
+                let ok = a == want && b == want;
+                all_ok &= ok;
+                if !ok {
+                    failures.push(format!("argmax {cols}: {a:?} / {b:?}, want {want:?}"));
+                }
+            }
+            Err(e) => {
+                all_ok = false;
+                failures.push(format!("argmax {cols}: {e}"));
+            }
+        }
+    }
+    println!(
+        "\n## GPU argmax in slices = kiln_core::sampler::argmax (rows of 100 to 262,144, ties, NaN, -inf, twice): {}",
+        if all_ok { "ok" } else { "FAIL" }
+    );
+}
+
 fn sample_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     println!("\n## GPU sampling (Gumbel-max over top-k), vocab 1000, 20000 draws each");
     let cols = 1000;
@@ -1249,6 +1316,7 @@ fn main() {
     let mut failures = Vec::new();
     op_checks(&mut gpu, &mut failures);
     fast_op_checks(&mut gpu, &mut failures);
+    argmax_checks(&mut gpu, &mut failures);
     sample_checks(&mut gpu, &mut failures);
     drop(gpu);
     model_checks(&fixtures, &mut failures);
@@ -1266,4 +1334,42 @@ fn main() {
         }
         std::process::exit(1);
     }
+}
+
+/// Every kernel that reads the repacked layout (8-bit-x GEMV for 1 and 8
+/// tokens, f32-x GEMV for 1 and 8, dequantization for the GEMM path) against
+/// the same kernel on the plain layout: bit-identical results.
+fn repacked_same(
+    gpu: &mut kiln_cuda::gpu::Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    xs: &[f32],
+) -> kiln_cuda::gpu::CuResult<bool> {
+    use kiln_cuda::testing as t;
+    let same = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+    };
+    let mut ok = true;
+    ok &= same(
+        &t::matvec_fast(gpu, ty, w, rows, cols, x, false)?.0,
+        &t::matvec_fast(gpu, ty, w, rows, cols, x, true)?.0,
+    );
+    ok &= same(
+        &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, false)?,
+        &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, true)?,
+    );
+    ok &= same(
+        &t::matvec(gpu, ty, w, rows, cols, x, false)?,
+        &t::matvec(gpu, ty, w, rows, cols, x, true)?,
+    );
+    ok &= same(
+        &t::matmul(gpu, ty, w, rows, cols, xs, 8, false)?,
+        &t::matmul(gpu, ty, w, rows, cols, xs, 8, true)?,
+    );
+    ok &= t::dequant_rows(gpu, ty, w, rows, cols, false)?
+        == t::dequant_rows(gpu, ty, w, rows, cols, true)?;
+    Ok(ok)
 }

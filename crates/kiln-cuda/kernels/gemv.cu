@@ -209,7 +209,47 @@ __device__ __forceinline__ float qdot<T_Q8_0>(const u8* __restrict__ row, int u,
     int s = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) s = __dp4a((int)ld_u32_a2(b + 2 + 4 * i), xv[i], s);
-    return ld_h(b) * dx * (float)s;
+    // Rounded products (no fused multiply-add): the repacked kernel gives the same bits.
+    return __fmul_rn(__fmul_rn(ld_h(b), dx), (float)s);
+}
+
+// Repacked Q8_0 (see quant.cu): a block's quants as QW 16-byte words
+// and its f16 scale, loaded into registers (`rload`) apart from the
+// arithmetic (`rdot`), so a lane can have all its blocks in flight at once.
+template <int T>
+struct Rq;
+template <>
+struct Rq<T_Q8_0R> {
+    static constexpr int QB = 32, QW = 2;
+};
+
+template <int T>
+__device__ __forceinline__ void rload(const u8* __restrict__ row, int u, uint4* q, u16* d) {
+    const u8* p = r8_q<Rq<T>::QB>(row, u);
+#pragma unroll
+    for (int i = 0; i < Rq<T>::QW; i++) q[i] = ld_stream16(p + 16 * i);
+    *d = ld_u16(row + (u >> 3) * (8 * (Rq<T>::QB + 2)) + 8 * Rq<T>::QB + (u & 7) * 2);
+}
+
+template <int T>
+__device__ __forceinline__ float rdot(const uint4* q, u16 d, const int* xv, float dx, float sx);
+
+template <>
+__device__ __forceinline__ float rdot<T_Q8_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    int a[8] = {(int)q[0].x, (int)q[0].y, (int)q[0].z, (int)q[0].w,
+                (int)q[1].x, (int)q[1].y, (int)q[1].z, (int)q[1].w};
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = __dp4a(a[i], xv[i], s);
+    return __fmul_rn(__fmul_rn(h2f(d), dx), (float)s);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q8_0R>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    uint4 q[2];
+    u16 d;
+    rload<T_Q8_0R>(row, u, q, &d);
+    return rdot<T_Q8_0R>(q, d, xv, dx, sx);
 }
 
 // get_scale_min_k4 as integers.
@@ -314,13 +354,65 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
                 const int4* xp = (const int4*)(xq + (u64)u * 32);
                 int4 a = __ldg(xp), c = __ldg(xp + 1);
                 int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-                acc += qdot<T>(row, u, xv, __ldg(xd + u), __ldg(xs + u));
+                acc = __fadd_rn(acc, qdot<T>(row, u, xv, __ldg(xd + u), __ldg(xs + u)));
             }
         }
     }
     acc = warp_sum(acc);
     if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
 }
+
+// One token, repacked types: a lane's first MVQR_U 16-byte words of quants
+// (4 Q8_0 blocks: all of a 4096-column row) are loaded into registers
+// before waiting for x, so they overlap the previous kernel under
+// programmatic dependent launch and a warp needs one memory round trip per
+// MVQR_U blocks per lane (the prefetching kernel above took one per 2).
+// Units are still summed in increasing order per lane, as in mvq_impl.
+#define MVQR_U 8
+template <int T>
+__device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                          const i8* __restrict__ xq, const float* __restrict__ xd,
+                                          const float* __restrict__ xs, float* __restrict__ y,
+                                          const float* __restrict__ bias) {
+    constexpr int U = MVQR_U / Rq<T>::QW;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    const u8* row = W + (u64)r * row_bytes;
+    int units = cols >> 5;
+    uint4 q[U][Rq<T>::QW];
+    u16 d[U];
+#pragma unroll
+    for (int k = 0; k < U; k++)
+        if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, q[k], &d[k]);
+    PDL_ENTRY();
+    float acc = 0.0f;
+    for (int u0 = lane; u0 < units; u0 += 32 * U) {
+        if (u0 != lane) {
+#pragma unroll
+            for (int k = 0; k < U; k++)
+                if (u0 + 32 * k < units) rload<T>(row, u0 + 32 * k, q[k], &d[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int u = u0 + 32 * k;
+            if (u < units) {
+                const int4* xp = (const int4*)(xq + (u64)u * 32);
+                int4 a = __ldg(xp), c = __ldg(xp + 1);
+                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                acc = __fadd_rn(acc, rdot<T>(q[k], d[k], xv, __ldg(xd + u), __ldg(xs + u)));
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+}
+
+#define MVQR(TNAME, T)                                                                                \
+    extern "C" __global__ void mvq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
+                                           const float* xd, const float* xs, float* y, const float* bias) { \
+        mvqr_impl<T>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                    \
+    }
 
 #define MVQ(TNAME, T)                                                                                 \
     extern "C" __global__ void mvq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
@@ -333,6 +425,7 @@ MVQ(q4_1, T_Q4_1)
 MVQ(q5_0, T_Q5_0)
 MVQ(q5_1, T_Q5_1)
 MVQ(q8_0, T_Q8_0)
+MVQR(q8_0r, T_Q8_0R)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
@@ -448,7 +541,7 @@ __device__ __forceinline__ void mvq_nt_impl(const u8* __restrict__ W, u64 row_by
                 const int4* xp = (const int4*)(xq + b * 32);
                 int4 a = __ldg(xp), c = __ldg(xp + 1);
                 int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-                acc[t] += qdot<T>(row, u, xv, __ldg(xd + b), __ldg(xs + b));
+                acc[t] = __fadd_rn(acc[t], qdot<T>(row, u, xv, __ldg(xd + b), __ldg(xs + b)));
             }
         }
     }
@@ -482,6 +575,7 @@ MVQ_NT(q4_1, T_Q4_1)
 MVQ_NT(q5_0, T_Q5_0)
 MVQ_NT(q5_1, T_Q5_1)
 MVQ_NT(q8_0, T_Q8_0)
+MVQ_NT(q8_0r, T_Q8_0R)
 MVQ_NT(q4_k, T_Q4_K)
 MVQ_NT(q5_k, T_Q5_K)
 MVQ_NT(q6_k, T_Q6_K)

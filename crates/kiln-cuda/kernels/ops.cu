@@ -34,39 +34,142 @@ __device__ __forceinline__ float norm_one(float v, int i, int kind, double mean,
     return v * finv * (w ? w[i] : 1.0f);
 }
 
-// Mean and 1/std (LayerNorm) or 0 and 1/rms (RMSNorm) of values held in
-// registers: v[k] is element threadIdx.x + k * blockDim.x (0 past n). f64
-// sums as norm_stats.
-template <int V>
-__device__ __forceinline__ void reg_stats(const float* v, int n, int kind, float eps, double* mean, double* inv) {
+// Sum over the thread-block cluster (sm_90; the block itself before): the
+// blocks' sums added in rank order, so every block gets the same value.
+// Every thread of every block in the cluster must call it.
+__device__ double cluster_sum_d(double v) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ double part, total;
+    double b = block_sum_d(v);
+    if (threadIdx.x == 0) part = b;
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (threadIdx.x == 0) {
+        u32 n, a;
+        u64 g;
+        asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+        asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"((u64)&part));
+        a = (u32)g;
+        double t = 0.0;
+        for (u32 r = 0; r < n; r++) {
+            u32 ra;
+            double pv;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+            asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(pv) : "r"(ra) : "memory");
+            t += pv;
+        }
+        total = t;
+    }
+    // Every block has read every part (they may be overwritten, the blocks
+    // may exit), and `total` is visible in the block.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    return total;
+#else
+    return block_sum_d(v);
+#endif
+}
+
+template <bool CL>
+__device__ __forceinline__ double red_sum_d(double v) {
+    return CL ? cluster_sum_d(v) : block_sum_d(v);
+}
+
+// Mean and 1/std (LayerNorm) or 0 and 1/rms (RMSNorm) of n values held in
+// registers by the block (CL: by the cluster's blocks): v[k] is element
+// threadIdx.x + k * blockDim.x of this block's `len` (0 past it). f64 sums
+// as norm_stats.
+template <int V, bool CL>
+__device__ __forceinline__ void reg_stats(const float* v, int len, int n, int kind, float eps, double* mean,
+                                          double* inv) {
     double s = 0.0, m = 0.0;
     if (kind == NORM_LAYER) {
 #pragma unroll
         for (int k = 0; k < V; k++) s += (double)v[k];
-        m = block_sum_d(s) / (double)n;
+        m = red_sum_d<CL>(s) / (double)n;
         s = 0.0;
 #pragma unroll
         for (int k = 0; k < V; k++) {
             double d = (double)v[k] - m;
-            if (threadIdx.x + k * blockDim.x < n) s += d * d;
+            if (threadIdx.x + k * blockDim.x < len) s += d * d;
         }
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) s += (double)v[k] * (double)v[k];
     }
-    double var = block_sum_d(s) / (double)n;
+    double var = red_sum_d<CL>(s) / (double)n;
     *mean = m;
     *inv = 1.0 / sqrt(var + (double)eps);
 }
 
-// Per token (grid: n; block: AN_THREADS):
+// Per token:
 //   if y: x += post ? norm(y; pw, pb) : y
 //   if w: out = norm(x; w, b), and with q (hid % 32 == 0) also quantized to
 //         8 bits for the next GEMV (q, qd, qs as quantize_q8, token-major).
-// Rows of up to AN_THREADS * AN_V values stay in registers (one global read
-// of x and y, one write each: the kernel is latency-bound at decode).
+// The values stay in registers (one global read of x and y, one write each:
+// the kernel is latency-bound at decode). add_norm: one block per token
+// (grid: n; block: AN_THREADS), rows of up to AN_THREADS * AN_V values, else
+// a loop through memory. add_norm_cl (sm_90): a cluster of blocks per token,
+// each holding a slice of hid / gridDim.x values (a multiple of 32, at most
+// AN_V per thread) and the norms' sums taken over the cluster (grid:
+// (cluster size, n); block: min(slice, 256)); one block for a whole
+// 4096-value row was ~10 us a call, 65 calls a token at the 8B shape.
 #define AN_THREADS 512
 #define AN_V 8
+template <bool CL>
+__device__ __forceinline__ void add_norm_regs(float* x, const float* y, const float* pw, const float* pb,
+                                              const float* w, const float* b, float* out, int hid, float eps,
+                                              int kind, i8* q, float* qd, float* qs, int t, int base, int len) {
+    float* xr = x + (u64)t * hid + base;
+    double mean, inv;
+    float xv[AN_V];
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        xv[k] = i < len ? xr[i] : 0.0f;
+    }
+    if (y) {
+        const float* yr = y + (u64)t * hid + base;
+        float yv[AN_V];
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            yv[k] = i < len ? yr[i] : 0.0f;
+        }
+        if (pw) {
+            reg_stats<AN_V, CL>(yv, len, hid, kind, eps, &mean, &inv);
+            float finv = (float)inv;
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) {
+                int i = threadIdx.x + k * blockDim.x;
+                if (i < len) xv[k] += norm_one(yv[k], base + i, kind, mean, inv, finv, pw, pb);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) xv[k] += yv[k];
+        }
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < len) xr[i] = xv[k];
+        }
+    }
+    if (w) {
+        reg_stats<AN_V, CL>(xv, len, hid, kind, eps, &mean, &inv);
+        float finv = (float)inv;
+        float* o = out + (u64)t * hid + base;
+        int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < len) {
+                float v = norm_one(xv[k], base + i, kind, mean, inv, finv, w, b);
+                o[i] = v;
+                // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
+                if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + ((base + i) >> 5), q, qd, qs);
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
                                     int kind, i8* q, float* qd, float* qs) { PDL_ENTRY();
@@ -74,54 +177,7 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
     float* xr = x + (u64)t * hid;
     double mean, inv;
     if (hid <= AN_V * (int)blockDim.x) {
-        float xv[AN_V];
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            xv[k] = i < hid ? xr[i] : 0.0f;
-        }
-        if (y) {
-            const float* yr = y + (u64)t * hid;
-            float yv[AN_V];
-#pragma unroll
-            for (int k = 0; k < AN_V; k++) {
-                int i = threadIdx.x + k * blockDim.x;
-                yv[k] = i < hid ? yr[i] : 0.0f;
-            }
-            if (pw) {
-                reg_stats<AN_V>(yv, hid, kind, eps, &mean, &inv);
-                float finv = (float)inv;
-#pragma unroll
-                for (int k = 0; k < AN_V; k++) {
-                    int i = threadIdx.x + k * blockDim.x;
-                    if (i < hid) xv[k] += norm_one(yv[k], i, kind, mean, inv, finv, pw, pb);
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < AN_V; k++) xv[k] += yv[k];
-            }
-#pragma unroll
-            for (int k = 0; k < AN_V; k++) {
-                int i = threadIdx.x + k * blockDim.x;
-                if (i < hid) xr[i] = xv[k];
-            }
-        }
-        if (w) {
-            reg_stats<AN_V>(xv, hid, kind, eps, &mean, &inv);
-            float finv = (float)inv;
-            float* o = out + (u64)t * hid;
-            int lane = threadIdx.x & 31;
-#pragma unroll
-            for (int k = 0; k < AN_V; k++) {
-                int i = threadIdx.x + k * blockDim.x;
-                if (i < hid) {
-                    float v = norm_one(xv[k], i, kind, mean, inv, finv, w, b);
-                    o[i] = v;
-                    // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
-                    if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + (i >> 5), q, qd, qs);
-                }
-            }
-        }
+        add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, t, 0, hid);
         return;
     }
     if (y) {
@@ -148,6 +204,13 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
                 quant_q8_warp(o[blk * 32 + lane], lane, (u64)t * (hid >> 5) + blk, q, qd, qs);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const float* y, const float* pw,
+                                    const float* pb, const float* w, const float* b, float* out, int hid,
+                                    float eps, int kind, i8* q, float* qd, float* qs) { PDL_ENTRY();
+    int len = hid / gridDim.x;
+    add_norm_regs<true>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, blockIdx.y, blockIdx.x * len, len);
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
@@ -237,14 +300,17 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 // unnormalised output) in `part`; the last block of the (head, token) to
 // finish (a counter per pair, reset by that block for the next launch or
 // graph replay) merges the S partials. A few heads x tokens would otherwise
-// keep most SMs idle at long contexts.
+// keep most SMs idle at long contexts. With q8 (head_dim % 32 == 0) the
+// output is also quantized to 8 bits for the next GEMV (as quantize_q8,
+// blocks of ostride / 32 per token), which saves that kernel.
 #define ATT_WARPS 4
 #define ATT_DPL 8
 extern "C" __global__ void attention(const float* q, int qstride, const float* kc, const float* vc,
                                      int n_heads, int n_kv, int hd, const u32* positions,
                                      const u32* ends, const u32* rowidx, const u32* tables,
                                      int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride, float* part, u32* counters) { PDL_ENTRY();
+                                     float softcap, float* out, int ostride, float* part, u32* counters,
+                                     i8* q8, float* q8d, float* q8s) { PDL_ENTRY();
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
     __shared__ int last;
@@ -322,6 +388,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                 float s = 0.0f;
                 for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
                 o[d] = s * invL;
+                if (q8) quant_q8_warp(s * invL, lane, ((u64)t * ostride + h * hd + 32 * i) >> 5, q8, q8d, q8s);
             }
         }
         return;
@@ -366,6 +433,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                 if (mk != -INFINITY) s += ((volatile const float*)base)[k * (hd + 2) + 2 + d] * __expf(mk - GM);
             }
             o[d] = s * invL;
+            if (q8) quant_q8_warp(s * invL, lane, ((u64)t * ostride + h * hd + 32 * i) >> 5, q8, q8d, q8s);
         }
     }
     if (lane == 0) counters[pair] = 0;
@@ -681,44 +749,78 @@ extern "C" __global__ void softcap(float* x, u64 n, float c) { PDL_ENTRY();
         x[k] = tanhf(x[k] / c) * c;
 }
 
-// Greedy: index of the largest of each row (lowest index on ties; NaN never
-// wins). grid: rows; block: 1024.
-extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out) { PDL_ENTRY();
+// (value, index) pairs: the larger value wins, the lower index on ties;
+// index NO_IDX is empty (NaN values are never entered).
+#define NO_IDX 0xffffffffu
+__device__ __forceinline__ void am_merge(float& best, u32& idx, float ov, u32 oi) {
+    if (oi != NO_IDX && (idx == NO_IDX || ov > best || (ov == best && oi < idx))) {
+        best = ov;
+        idx = oi;
+    }
+}
+
+// The block's best pair, left in thread 0 (blockDim.x a multiple of 32).
+__device__ __forceinline__ void block_argmax(float& best, u32& idx) {
     __shared__ float bv[32];
     __shared__ u32 bi[32];
-    const float* r = x + (u64)blockIdx.x * cols;
-    float best = -INFINITY;
-    u32 idx = 0xffffffffu;
-    for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = r[i];
-        if (v > best) {
-            best = v;
-            idx = (u32)i;
-        }
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         u32 oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) {
-            best = ov;
-            idx = oi;
-        }
+        am_merge(best, idx, ov, oi);
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
     if (lane == 0) {
         bv[w] = best;
         bi[w] = idx;
     }
     __syncthreads();
+    if (threadIdx.x == 0)
+        for (int k = 1; k < (int)(blockDim.x >> 5); k++) am_merge(best, idx, bv[k], bi[k]);
+}
+
+// Greedy: index of the largest of each row (lowest index on ties; NaN and
+// -inf never win; 0 when nothing else is there). grid: (slices, rows); block: 256. Each block
+// takes one slice of the row (one block for a whole 128k-entry row was 54 us
+// a token); the last block of a row to finish merges the slices' pairs,
+// written to pv / pi, and resets the row's counter for the next launch.
+extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out, float* pv, u32* pi, u32* count) {
+    PDL_ENTRY();
+    __shared__ bool last;
+    u32 nb = gridDim.x, b = blockIdx.x, row = blockIdx.y;
+    u64 per = (cols + nb - 1) / nb;
+    u64 lo = (u64)b * per, hi = min(cols, lo + per);
+    const float* r = x + (u64)row * cols;
+    float best = -INFINITY;
+    u32 idx = NO_IDX;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = r[i];
+        // As kiln_core::sampler::argmax: only values above -inf (not NaN).
+        if (v > -INFINITY) am_merge(best, idx, v, (u32)i);
+    }
+    block_argmax(best, idx);
+    if (nb == 1) {
+        if (threadIdx.x == 0) out[row] = idx == NO_IDX ? 0u : idx;
+        return;
+    }
     if (threadIdx.x == 0) {
-        for (int k = 1; k < (int)(blockDim.x >> 5); k++) {
-            if (bv[k] > best || (bv[k] == best && bi[k] < idx)) {
-                best = bv[k];
-                idx = bi[k];
-            }
-        }
-        out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
+        pv[(u64)row * nb + b] = best;
+        pi[(u64)row * nb + b] = idx;
+        __threadfence();
+        last = atomicAdd(&count[row], 1u) == nb - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = -INFINITY;
+    idx = NO_IDX;
+    for (u32 k = threadIdx.x; k < nb; k += blockDim.x)
+        am_merge(best, idx, ((volatile float*)pv)[(u64)row * nb + k], ((volatile u32*)pi)[(u64)row * nb + k]);
+    block_argmax(best, idx);
+    if (threadIdx.x == 0) {
+        out[row] = idx == NO_IDX ? 0u : idx;
+        count[row] = 0;
     }
 }
 
@@ -745,8 +847,6 @@ __device__ __forceinline__ u64 mix64(u64 z) {
 extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* params, u32* out) { PDL_ENTRY();
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_k;
-    __shared__ float bv[32];
-    __shared__ u32 bi[32];
     const float* r = x + (u64)blockIdx.x * cols;
     const u32* p = params + 4 * blockIdx.x;
     float temp = __uint_as_float(p[0]);
@@ -784,42 +884,17 @@ extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* para
         thresh = prefix;
     }
     float best = -INFINITY;
-    u32 idx = 0xffffffffu;
+    u32 idx = NO_IDX;
     for (u64 i = threadIdx.x; i < cols; i += blockDim.x) {
         float v = r[i];
         if (v != v || fkey(v) < thresh) continue;
         u64 h = mix64(seed + (i + 1) * 0x9e3779b97f4a7c15ull);
         float u = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
         float s = noise ? v * inv_t - logf(-logf(u)) : v;
-        if (s > best || idx == 0xffffffffu) {
-            best = s;
-            idx = (u32)i;
-        }
+        am_merge(best, idx, s, (u32)i);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        u32 oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (oi != 0xffffffffu && (idx == 0xffffffffu || ov > best || (ov == best && oi < idx))) {
-            best = ov;
-            idx = oi;
-        }
-    }
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (lane == 0) {
-        bv[w] = best;
-        bi[w] = idx;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int k = 1; k < (int)(blockDim.x >> 5); k++) {
-            if (bi[k] != 0xffffffffu && (idx == 0xffffffffu || bv[k] > best || (bv[k] == best && bi[k] < idx))) {
-                best = bv[k];
-                idx = bi[k];
-            }
-        }
-        out[blockIdx.x] = idx == 0xffffffffu ? 0u : idx;
-    }
+    block_argmax(best, idx);
+    if (threadIdx.x == 0) out[blockIdx.x] = idx == NO_IDX ? 0u : idx;
 }
 
 // Prefill attention through cuBLAS (one sequence, chunk from position 0):

@@ -301,3 +301,48 @@ __device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, 
         }
     }
 }
+
+// ---- Repacked Q8_0 (layer matrices with cols % 256 == 0, rearranged
+// in place on the GPU at load by `repack8`): each run of 8 blocks is stored
+// as their 8 quant arrays (QB = 32 bytes each), then their 8 f16 scales. A
+// block's quants then start 16-byte aligned and are two loads instead of
+// sixteen 2-byte ones. Same bytes per row, same values. Kernel type id:
+// T_REPACKED + the ggml id. (Q4_0 the same way measured 3-10% slower than
+// the prefetching kernel on its 18-byte blocks: docs/BENCHMARKS.md.)
+#define T_REPACKED 48
+#define T_Q8_0R (T_REPACKED + T_Q8_0)
+
+template <int QB>
+__device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
+    return row + (u >> 3) * (8 * (QB + 2)) + (u & 7) * QB;
+}
+template <int QB>
+__device__ __forceinline__ float r8_d(const u8* row, int u) {
+    return ld_h(row + (u >> 3) * (8 * (QB + 2)) + 8 * QB + (u & 7) * 2);
+}
+
+template <>
+__device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const uint4* p = (const uint4*)r8_q<32>(row, u);
+    uint4 v0 = p[0], v1 = p[1];
+    float d = r8_d<32>(row, u);
+    u32 a[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int i = 0; i < 32; i++) w[i] = (float)(i8)((a[i >> 2] >> (8 * (i & 3))) & 0xff) * d;
+}
+
+// In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
+// first, as in the file): the run becomes the 8 quant arrays, then the 8
+// scales. grid-stride over `runs`; qb <= 32.
+extern "C" __global__ void repack8(u8* W, u64 runs, int qb) { PDL_ENTRY();
+    int hb = qb / 2 + 1;  // u16 per block
+    for (u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += (u64)gridDim.x * blockDim.x) {
+        u16* p = (u16*)(W + r * 16 * hb);
+        u16 t[8 * 17];
+        for (int i = 0; i < 8 * hb; i++) t[i] = p[i];
+        for (int j = 0; j < 8; j++) {
+            for (int k = 0; k < hb - 1; k++) p[j * (hb - 1) + k] = t[j * hb + 1 + k];
+            p[8 * (hb - 1) + j] = t[j * hb];
+        }
+    }
+}

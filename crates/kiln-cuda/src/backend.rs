@@ -71,6 +71,66 @@ pub(crate) fn mvq_type_name(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// Most blocks the greedy argmax splits one logits row over.
+pub(crate) const ARGMAX_SLICES: usize = 64;
+
+/// Blocks per logits row of `argmax_rows`: one per ~4096 entries.
+pub(crate) fn argmax_slices(cols: usize) -> usize {
+    cols.div_ceil(4096).clamp(1, ARGMAX_SLICES)
+}
+
+/// Kernel-table index of a repacked matrix: this plus its ggml type id.
+pub(crate) const REPACKED: usize = 48;
+
+/// Quantized types whose layer matrices are repacked at load (`repack8` in
+/// quant.cu: each run of 8 blocks as 8 quant arrays, then 8 scales, so the
+/// GEMVs read a block's quants with one 16-byte load): the kernels' name
+/// suffix and the quant bytes per block.
+pub(crate) fn repacked_name(ty: GgmlType) -> Option<(&'static str, usize)> {
+    match ty {
+        GgmlType::Q8_0 => Some(("q8_0r", 32)),
+        _ => None,
+    }
+}
+
+/// The quant bytes per block when rows of `cols` values of `ty` are
+/// repacked (whole runs of 8 blocks), else None.
+pub(crate) fn repacked_quant_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+    repacked_name(ty)
+        .filter(|_| cols % 256 == 0)
+        .map(|(_, qb)| qb)
+}
+
+/// Rearranges `rows` x `cols` values of `ty` at `ptr` in place into the
+/// repacked layout; returns the kernel-table index for the result, or None
+/// (and leaves the bytes) when `ty` has no repacked kernels or a row is not
+/// whole runs of 8 blocks.
+pub(crate) fn repack(
+    gpu: &Gpu,
+    f: cudarc::driver::sys::CUfunction,
+    ty: GgmlType,
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+) -> CuResult<Option<usize>> {
+    let Some(qb) = repacked_quant_bytes(ty, cols) else {
+        return Ok(None);
+    };
+    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+    if ptr % 16 != 0 {
+        return Ok(None);
+    }
+    let runs = rows * cols / 256;
+    gpu.launch(
+        f,
+        (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+        256,
+        &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
+    )?;
+    Ok(Some(REPACKED + ty.id() as usize))
+}
+
 /// Rows per warp of the `mvq_*` kernels.
 pub(crate) const MVQ_ROWS: usize = 1;
 
@@ -86,15 +146,15 @@ pub(crate) const MVF_NT_ROWS: usize = 2;
 
 /// A kernel argument list assembled from parts without allocating.
 struct ArgList {
-    a: [Arg; 24],
+    a: [Arg; 32],
     n: usize,
 }
 
 impl ArgList {
-    /// The parts in order (at most 24 arguments: every kernel here takes fewer).
+    /// The parts in order (at most 32 arguments, as `Gpu::launch`).
     fn of(parts: &[&[Arg]]) -> ArgList {
         let mut l = ArgList {
-            a: [Arg::I(0); 24],
+            a: [Arg::I(0); 32],
             n: 0,
         };
         for &a in parts.iter().flat_map(|p| p.iter()) {
@@ -253,6 +313,8 @@ struct DMat {
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// Index into the per-type kernel tables: the ggml id, or REPACKED + id.
+    kernel: usize,
 }
 
 impl DMat {
@@ -312,6 +374,7 @@ struct Kernels {
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
+    add_norm_cl: cudarc::driver::sys::CUfunction,
     gather_norm: cudarc::driver::sys::CUfunction,
     qkv_post: cudarc::driver::sys::CUfunction,
     attention: cudarc::driver::sys::CUfunction,
@@ -325,6 +388,7 @@ struct Kernels {
     /// Per ggml type id: rows to 16-bit floats (for the GEMM path).
     deq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     to_half: cudarc::driver::sys::CUfunction,
+    repack8: cudarc::driver::sys::CUfunction,
     add_bias: cudarc::driver::sys::CUfunction,
 }
 
@@ -360,6 +424,19 @@ impl Kernels {
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
             }
+            if let Some((n, _)) = repacked_name(ty) {
+                let id = REPACKED + ty.id() as usize;
+                mm[id] = Some([
+                    gpu.func(&format!("mm_{n}_1"))?,
+                    gpu.func(&format!("mm_{n}_2"))?,
+                    gpu.func(&format!("mm_{n}_4"))?,
+                    gpu.func(&format!("mm_{n}_8"))?,
+                ]);
+                mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
+                deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
+                mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
+                mvq_nt[id] = Some(gpu.func(&format!("mvq_nt_{n}"))?);
+            }
         }
         Ok(Kernels {
             mm,
@@ -372,6 +449,7 @@ impl Kernels {
             mvq_nt,
             embed,
             add_norm: gpu.func("add_norm")?,
+            add_norm_cl: gpu.func("add_norm_cl")?,
             gather_norm: gpu.func("gather_norm")?,
             qkv_post: gpu.func("qkv_post")?,
             attention: gpu.func("attention")?,
@@ -387,6 +465,7 @@ impl Kernels {
             sample: gpu.func("sample_rows")?,
             deq,
             to_half: gpu.func("to_half")?,
+            repack8: gpu.func("repack8")?,
             add_bias: gpu.func("add_bias")?,
         })
     }
@@ -419,6 +498,11 @@ struct Scratch {
     seln: DevBuf,
     logits: DevBuf,
     ids: DevBuf,
+    /// Greedy argmax in slices: each slice's best value (f32), then its
+    /// index (u32), ARGMAX_SLICES per row; per-row counters (zero between
+    /// launches).
+    am_part: DevBuf,
+    am_count: DevBuf,
     meta: DevBuf,
     /// Sampling parameters, 4 u32 per logits row.
     samp: DevBuf,
@@ -483,6 +567,9 @@ pub struct CudaBackend {
     gemm_min: usize,
     /// See [`CudaOptions::exact`].
     exact: bool,
+    /// `add_norm` as a cluster of blocks per token (sm_90+, unless
+    /// `$KILN_CUDA_CLUSTER` is 0).
+    clusters: bool,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
@@ -644,6 +731,7 @@ fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<
                 rows,
                 cols: h0.cols,
                 row_bytes: h0.row_bytes(),
+                kernel: h0.ty.id() as usize,
             },
             0,
         ));
@@ -666,6 +754,7 @@ fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<
                     rows: h.rows,
                     cols: h.cols,
                     row_bytes: h.row_bytes(),
+                    kernel: h.ty.id() as usize,
                 },
                 r0,
             ));
@@ -1115,9 +1204,22 @@ impl CudaBackend {
         } else {
             None
         };
-        let layers = (0..d.n_layers)
+        let mut layers = (0..d.n_layers)
             .map(|i| load_layer(m, d, i))
             .collect::<Result<Vec<_>>>()?;
+        if std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0") {
+            for l in &mut layers {
+                for p in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                    for (mat, _) in &mut p.parts {
+                        if let Some(kid) =
+                            repack(&gpu, k.repack8, mat.ty, mat.ptr(), mat.rows, mat.cols)?
+                        {
+                            mat.kernel = kid;
+                        }
+                    }
+                }
+            }
+        }
         let output = if d.tied_embeddings {
             None
         } else {
@@ -1178,6 +1280,8 @@ impl CudaBackend {
             seln: f(b * hid)?,
             logits: f(b * vocab)?,
             ids: f(b)?,
+            am_part: f(2 * b * ARGMAX_SLICES)?,
+            am_count: f(b)?,
             meta: f(ml.total)?,
             samp: f(4 * b)?,
             xq: DevBuf::zeroed(xq_cols)?,
@@ -1239,6 +1343,8 @@ impl CudaBackend {
             plan,
             gemm_min: opts.gemm_min,
             exact: opts.exact,
+            clusters: gpu.clusters()
+                && std::env::var("KILN_CUDA_CLUSTER").map_or(true, |v| v != "0"),
             att_split,
             att_slice,
             att_gemm_min,
@@ -1359,7 +1465,7 @@ impl CudaBackend {
     fn uses_q8(&self, mat: &DMat) -> bool {
         // Quantized rows hold whole blocks (cols % block size == 0, checked at
         // load), so every unit of 32 is complete.
-        !self.exact && self.k.mvq[mat.ty.id() as usize].is_some()
+        !self.exact && self.k.mvq[mat.kernel].is_some()
     }
 
     /// Quantizes one token's activations `x` (`cols` values) into `s.xq`.
@@ -1389,7 +1495,7 @@ impl CudaBackend {
                 return self.gemm(bl, mat, bias, x, n, y, ystride);
             }
         }
-        let id = mat.ty.id() as usize;
+        let id = mat.kernel;
         let w = [
             Arg::P(mat.ptr()),
             Arg::P(mat.row_bytes as u64),
@@ -1551,7 +1657,7 @@ impl CudaBackend {
                 .wh
                 .as_ref()
                 .ok_or_else(|| CudaError("no GEMM scratch".into()))?;
-            let f = self.k.deq[mat.ty.id() as usize]
+            let f = self.k.deq[mat.kernel]
                 .ok_or_else(|| CudaError(format!("no dequantization kernel for {}", mat.ty)))?;
             let chunk = (self.s.deq_elems / cols).max(1).min(rows);
             let units = cols.div_ceil(32);
@@ -1783,10 +1889,36 @@ impl CudaBackend {
             Some(p) if norm.is_some() => self.q8_args(p, n),
             _ => [Arg::P(0), Arg::P(0), Arg::P(0)],
         };
-        self.gpu.launch(
-            self.k.add_norm,
-            (n as u32, 1, 1),
-            512, // AN_THREADS in ops.cu
+        // A cluster of blocks per token when the row splits into slices of
+        // whole 32-value units that the blocks hold in registers (AN_V = 8
+        // values per thread of at most 256), else one block per token.
+        let hid = d.hidden;
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        // Decode-sized steps only (below the GEMM threshold, as the GEMVs):
+        // with hundreds of tokens one block each is parallel enough and the
+        // clusters measured slower (pp512 -15 to -22%).
+        let cluster = if self.clusters && n < self.gemm_min {
+            [8usize, 4, 2]
+                .into_iter()
+                .find(|&c| hid % (32 * c) == 0 && hid / c <= 8 * 256)
+        } else {
+            None
+        };
+        let (f, grid, block, cl) = match cluster {
+            Some(c) => (
+                self.k.add_norm_cl,
+                (c as u32, n as u32, 1),
+                (hid / c).min(256) as u32,
+                c as u32,
+            ),
+            // 512: AN_THREADS in ops.cu.
+            None => (self.k.add_norm, (n as u32, 1, 1), 512, 1),
+        };
+        self.gpu.launch_cluster(
+            f,
+            grid,
+            block,
+            cl,
             &[
                 Arg::P(self.s.x.ptr),
                 Arg::P(y),
@@ -1921,6 +2053,9 @@ impl CudaBackend {
                 Arg::P(s.att.ptr),
                 Arg::I(qd as i32),
             ];
+            // The O projection's 8-bit activations, when the attention
+            // kernel writes them.
+            let mut o_q8 = [Arg::P(0), Arg::P(0), Arg::P(0)];
             if from_zero && n >= self.att_gemm_min && n <= self.att_gemm_cap {
                 self.attention_gemm(n, window)?;
             } else if n >= self.att_gqa_min
@@ -1955,10 +2090,15 @@ impl CudaBackend {
                     Arg::I(d.n_kv_heads as i32),
                     Arg::I(d.head_dim as i32),
                 ];
-                // `attention` takes the split scratch too; `attention_g*`
-                // stop before it (a launch reads only its kernel's own).
+                // `attention` takes the split scratch and the O projection's
+                // 8-bit activations too; `attention_g*` stop before them (a
+                // launch reads only its kernel's own).
+                #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+                if gqa.is_none() && d.head_dim % 32 == 0 {
+                    o_q8 = self.q8_args(&l.o, n);
+                }
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
-                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch]);
+                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch, &o_q8]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),
@@ -1966,7 +2106,8 @@ impl CudaBackend {
                     args.get(),
                 )?;
             }
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;
+            let o_filled = !matches!(o_q8[0], Arg::P(0));
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_filled)?;
             self.add_norm(
                 n,
                 s.tmp.ptr,
@@ -2046,18 +2187,30 @@ impl CudaBackend {
             )?;
         }
         if greedy {
-            self.gpu.launch(
-                self.k.argmax,
-                (k as u32, 1, 1),
-                1024,
-                &[
-                    Arg::P(s.logits.ptr),
-                    Arg::P(d.vocab_size as u64),
-                    Arg::P(s.ids.ptr),
-                ],
-            )?;
+            self.argmax(k)?;
         }
         Ok(())
+    }
+
+    /// `s.ids[r]` = the argmax of logits row r < k, each row in slices of
+    /// ~4096 entries over up to ARGMAX_SLICES blocks.
+    fn argmax(&self, k: usize) -> CuResult<()> {
+        let cols = self.desc.vocab_size;
+        let slices = argmax_slices(cols);
+        let s = &self.s;
+        self.gpu.launch(
+            self.k.argmax,
+            (slices as u32, k as u32, 1),
+            256,
+            &[
+                Arg::P(s.logits.ptr),
+                Arg::P(cols as u64),
+                Arg::P(s.ids.ptr),
+                Arg::P(s.am_part.ptr),
+                Arg::P(s.am_part.ptr + (s.am_part.bytes / 2) as u64),
+                Arg::P(s.am_count.ptr),
+            ],
+        )
     }
 
     /// Runs the staged step: replayed from a graph when it is a decode step
@@ -2092,17 +2245,7 @@ impl CudaBackend {
             self.gpu.replay(g)?;
         }
         if greedy {
-            let d = &self.desc;
-            self.gpu.launch(
-                self.k.argmax,
-                (k as u32, 1, 1),
-                1024,
-                &[
-                    Arg::P(self.s.logits.ptr),
-                    Arg::P(d.vocab_size as u64),
-                    Arg::P(self.s.ids.ptr),
-                ],
-            )?;
+            self.argmax(k)?;
         }
         Ok(())
     }

@@ -485,6 +485,25 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> CuResult<()> {
+        self.launch_cluster(f, grid, block, 1, args)
+    }
+
+    /// Thread-block clusters (sm_90+): blocks in groups that share shared
+    /// memory and a barrier.
+    pub fn clusters(&self) -> bool {
+        self.info.cc.0 >= 9
+    }
+
+    /// [`Gpu::launch`] with the grid's x dimension in clusters of `cluster`
+    /// blocks (1: none; more needs [`Gpu::clusters`] and divides grid.0).
+    pub(crate) fn launch_cluster(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        cluster: u32,
+        args: &[Arg],
+    ) -> CuResult<()> {
         const MAX: usize = 32;
         if args.len() > MAX {
             return Err(CudaError("too many kernel arguments".into()));
@@ -517,13 +536,27 @@ impl Gpu {
         };
         // SAFETY: the arguments match the kernel's parameters (checked by
         // the callers' construction); slots outlive the call.
-        let r = if self.pdl {
-            let mut attr = sys::CUlaunchAttribute_st {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        let r = if self.pdl || cluster > 1 {
+            let none = sys::CUlaunchAttribute_st {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_IGNORE,
                 pad: [0; 4],
                 value: sys::CUlaunchAttributeValue { pad: [0; 64] },
             };
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            let mut attrs = [none, none];
+            let mut na = 0;
+            if self.pdl {
+                attrs[na].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[na].value.programmaticStreamSerializationAllowed = 1;
+                na += 1;
+            }
+            if cluster > 1 {
+                attrs[na].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[na].value.clusterDim.x = cluster;
+                attrs[na].value.clusterDim.y = 1;
+                attrs[na].value.clusterDim.z = 1;
+                na += 1;
+            }
             let cfg = sys::CUlaunchConfig_st {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -533,10 +566,10 @@ impl Gpu {
                 blockDimZ: 1,
                 sharedMemBytes: 0,
                 hStream: self.stream,
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: na as u32,
             };
-            // SAFETY: as launch_kernel below; cfg and attr outlive the call.
+            // SAFETY: as launch_kernel below; cfg and attrs outlive the call.
             drv("kernel launch", unsafe {
                 sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
             })

@@ -2,11 +2,12 @@
 
 use kiln_format::GgmlType;
 
-use crate::backend::kernel_type_name;
+use crate::backend::{kernel_type_name, repack, repacked_name};
 use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu};
 
 /// `y[t][r] = W[r] · x[t]` for `n` tokens with the GEMV kernel of `ty`
 /// (`w` holds `rows` rows of `cols` values stored as `ty`).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     gpu: &mut Gpu,
     ty: GgmlType,
@@ -15,10 +16,12 @@ pub fn matmul(
     cols: usize,
     x: &[f32],
     n: usize,
+    repacked: bool,
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy) = product_buffers(gpu, w, x, n * rows)?;
+    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, n * rows)?;
+    let name = r.unwrap_or(name);
     let (nt, suffix) = match n {
         1 => (1, 1),
         2 => (2, 2),
@@ -53,10 +56,12 @@ pub fn matvec(
     rows: usize,
     cols: usize,
     x: &[f32],
+    repacked: bool,
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy) = product_buffers(gpu, w, x, rows)?;
+    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
+    let name = r.unwrap_or(name);
     let f = gpu.func(&format!("mv_{name}"))?;
     gpu.launch(
         f,
@@ -113,6 +118,37 @@ pub fn embed(
     fetch(gpu, &dy, ids.len() * cols)
 }
 
+/// The greedy id of each row of `logits` (`rows` x `cols`) from
+/// `argmax_rows`, sliced as the backend slices it; launched twice (the
+/// slices' counters must be back at zero after each launch), both results.
+pub fn argmax(gpu: &mut Gpu, logits: &[f32], cols: usize) -> CuResult<(Vec<u32>, Vec<u32>)> {
+    use crate::backend::{argmax_slices, ARGMAX_SLICES};
+    let rows = logits.len() / cols;
+    gpu.bind()?;
+    let dl = DevBuf::from_f32(&logits[..rows * cols])?;
+    let part = DevBuf::zeroed(rows * ARGMAX_SLICES * 8)?;
+    let count = DevBuf::zeroed(rows * 4)?;
+    let f = gpu.func("argmax_rows")?;
+    let mut run = || -> CuResult<Vec<u32>> {
+        let dout = DevBuf::zeroed(rows * 4)?;
+        gpu.launch(
+            f,
+            (argmax_slices(cols) as u32, rows as u32, 1),
+            256,
+            &[
+                Arg::P(dl.ptr),
+                Arg::P(cols as u64),
+                Arg::P(dout.ptr),
+                Arg::P(part.ptr),
+                Arg::P(part.ptr + (rows * ARGMAX_SLICES * 4) as u64),
+                Arg::P(count.ptr),
+            ],
+        )?;
+        fetch(gpu, &dout, rows)
+    };
+    Ok((run()?, run()?))
+}
+
 /// One sampled id per row of `logits` (`rows` x `cols`) with the GPU
 /// sampler (Gumbel-max over the top k), one parameter set per row.
 pub fn sample(
@@ -163,11 +199,12 @@ pub fn matvec_fast(
     rows: usize,
     cols: usize,
     x: &[f32],
+    repacked: bool,
 ) -> CuResult<FastMatvec> {
     let float = crate::backend::mvf_type_name(ty);
-    let quant = crate::backend::mvq_type_name(ty);
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy) = product_buffers(gpu, w, x, rows)?;
+    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
+    let quant = r.or(crate::backend::mvq_type_name(ty));
     let grid = (rows.div_ceil(8) as u32, 1, 1);
     let mut xq = None;
     if let Some(name) = float {
@@ -225,6 +262,7 @@ pub fn matvec_fast(
 
 /// The few-token decode GEMV of `ty` (`mvf_nt_*`, or `x` quantized per token
 /// and `mvq_nt_*`) for `n` tokens; `y[t][r]`.
+#[allow(clippy::too_many_arguments)]
 pub fn matvec_fast_nt(
     gpu: &mut Gpu,
     ty: GgmlType,
@@ -233,9 +271,11 @@ pub fn matvec_fast_nt(
     cols: usize,
     x: &[f32],
     n: usize,
+    repacked: bool,
 ) -> CuResult<Vec<f32>> {
     let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy) = product_buffers(gpu, w, &x[..n * cols], n * rows)?;
+    let (dw, dx, dy, r) =
+        product_buffers(gpu, ty, w, rows, cols, repacked, &x[..n * cols], n * rows)?;
     let grid = (rows.div_ceil(8) as u32, n.div_ceil(8) as u32, 1);
     if let Some(name) = crate::backend::mvf_type_name(ty) {
         let f = gpu.func(&format!("mvf_nt_{name}"))?;
@@ -259,7 +299,7 @@ pub fn matvec_fast_nt(
                 Arg::P(0),
             ],
         )?;
-    } else if let Some(name) = crate::backend::mvq_type_name(ty) {
+    } else if let Some(name) = r.or(crate::backend::mvq_type_name(ty)) {
         let (q, d, s) = quantize_q8(gpu, &dx, n * cols / 32)?;
         let f = gpu.func(&format!("mvq_nt_{name}"))?;
         gpu.launch(
@@ -307,19 +347,81 @@ fn quantize_q8(gpu: &mut Gpu, x: &DevBuf, nb: usize) -> CuResult<(DevBuf, DevBuf
     Ok((q, d, s))
 }
 
+/// Whether the backend repacks layer matrices of `ty` with `cols` columns.
+pub fn repacks(ty: GgmlType, cols: usize) -> bool {
+    crate::backend::repacked_quant_bytes(ty, cols).is_some()
+}
+
 /// Weights, input and a NaN-filled output of `y_len` floats on the device.
+/// With `repacked`, the weights are rearranged as the backend does at load
+/// and the kernels' name suffix for that layout comes back too (an error
+/// when `ty` or `cols` is not repacked).
+#[allow(clippy::too_many_arguments)]
 fn product_buffers(
     gpu: &mut Gpu,
+    ty: GgmlType,
     w: &[u8],
+    rows: usize,
+    cols: usize,
+    repacked: bool,
     x: &[f32],
     y_len: usize,
-) -> CuResult<(DevBuf, DevBuf, DevBuf)> {
+) -> CuResult<(DevBuf, DevBuf, DevBuf, Option<&'static str>)> {
     gpu.bind()?;
+    let dw = DevBuf::from_bytes(w)?;
+    let mut suffix = None;
+    if repacked {
+        let f = gpu.func("repack8")?;
+        match (repack(gpu, f, ty, dw.ptr, rows, cols)?, repacked_name(ty)) {
+            (Some(_), Some((name, _))) => suffix = Some(name),
+            _ => return Err(CudaError(format!("{ty} x {cols} is not repacked"))),
+        }
+    }
     Ok((
-        DevBuf::from_bytes(w)?,
+        dw,
         DevBuf::from_f32(x)?,
         DevBuf::from_f32(&vec![f32::NAN; y_len])?,
+        suffix,
     ))
+}
+
+/// Rows of `w` decoded by the GEMM path's dequantization kernel of `ty`
+/// (`repacked`: of the repacked layout): the f16 bits.
+pub fn dequant_rows(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    repacked: bool,
+) -> CuResult<Vec<u16>> {
+    let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    let (dw, _, dy, r) = product_buffers(
+        gpu,
+        ty,
+        w,
+        rows,
+        cols,
+        repacked,
+        &[0.0],
+        (rows * cols).div_ceil(2),
+    )?;
+    let f = gpu.func(&format!("deq_{}", r.unwrap_or(name)))?;
+    gpu.launch(
+        f,
+        ((rows * cols.div_ceil(32)).div_ceil(256) as u32, 1, 1),
+        256,
+        &[
+            Arg::P(dw.ptr),
+            Arg::P(row_bytes as u64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::P(dy.ptr),
+            Arg::I(0),
+        ],
+    )?;
+    fetch(gpu, &dy, rows * cols)
 }
 
 /// The first `len` values of `buf`, after everything queued so far.
