@@ -300,17 +300,16 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 // unnormalised output) in `part`; the last block of the (head, token) to
 // finish (a counter per pair, reset by that block for the next launch or
 // graph replay) merges the S partials. A few heads x tokens would otherwise
-// keep most SMs idle at long contexts. With q8 (head_dim % 32 == 0) the
-// output is also quantized to 8 bits for the next GEMV (as quantize_q8,
-// blocks of ostride / 32 per token), which saves that kernel.
+// keep most SMs idle at long contexts. (Quantizing the output here for the
+// next GEMV, instead of quantize_q8, measured 3.7 us slower per call than the
+// 3.1 us kernel it saved: docs/BENCHMARKS.md.)
 #define ATT_WARPS 4
 #define ATT_DPL 8
 extern "C" __global__ void attention(const float* q, int qstride, const float* kc, const float* vc,
                                      int n_heads, int n_kv, int hd, const u32* positions,
                                      const u32* ends, const u32* rowidx, const u32* tables,
                                      int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride, float* part, u32* counters,
-                                     i8* q8, float* q8d, float* q8s) { PDL_ENTRY();
+                                     float softcap, float* out, int ostride, float* part, u32* counters) { PDL_ENTRY();
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
     __shared__ int last;
@@ -388,7 +387,6 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                 float s = 0.0f;
                 for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
                 o[d] = s * invL;
-                if (q8) quant_q8_warp(s * invL, lane, ((u64)t * ostride + h * hd + 32 * i) >> 5, q8, q8d, q8s);
             }
         }
         return;
@@ -433,7 +431,6 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                 if (mk != -INFINITY) s += ((volatile const float*)base)[k * (hd + 2) + 2 + d] * __expf(mk - GM);
             }
             o[d] = s * invL;
-            if (q8) quant_q8_warp(s * invL, lane, ((u64)t * ostride + h * hd + 32 * i) >> 5, q8, q8d, q8s);
         }
     }
     if (lane == 0) counters[pair] = 0;

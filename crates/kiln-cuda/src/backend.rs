@@ -178,8 +178,12 @@ const ATT_GEMM_MAX_BYTES: usize = 1 << 30;
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
-/// Visible positions per slice the split count aims at.
-const ATT_SPLIT_POSITIONS: usize = 256;
+/// The most slices a context of `max_ctx` positions is split into: one per
+/// this many positions (up to ATT_SPLIT_MAX).
+const ATT_SLICE_MIN: usize = 16;
+/// Decode attention blocks ((query head, token, slice) triples) a step aims
+/// at, per multiprocessor.
+const ATT_BLOCKS_PER_SM: usize = 4;
 /// Batches up to this many tokens use the split decode attention.
 const ATT_SPLIT_MAX_TOKENS: usize = 16;
 
@@ -567,14 +571,18 @@ pub struct CudaBackend {
     gemm_min: usize,
     /// See [`CudaOptions::exact`].
     exact: bool,
+    /// Most slices per row of the greedy argmax (`$KILN_CUDA_ARGMAX_SLICES`,
+    /// default and at most ARGMAX_SLICES).
+    argmax_max: usize,
     /// `add_norm` as a cluster of blocks per token (sm_90+, unless
     /// `$KILN_CUDA_CLUSTER` is 0).
     clusters: bool,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
-    /// Visible positions per slice the split aims at.
-    att_slice: usize,
+    /// Decode attention blocks a step aims at (usize::MAX with
+    /// `$KILN_CUDA_ATT_SPLIT`: always `att_split` slices).
+    att_blocks: usize,
     /// Prefill attention through cuBLAS for one-sequence chunks from position
     /// 0 of `att_gemm_min..=att_gemm_cap` tokens (cap 0: never).
     att_gemm_min: usize,
@@ -1091,13 +1099,13 @@ impl CudaBackend {
         let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
-        let att_slice = if forced.is_some() {
-            1
+        let att_blocks = if forced.is_some() {
+            usize::MAX
         } else {
-            ATT_SPLIT_POSITIONS
+            ATT_BLOCKS_PER_SM * gpu.info.sms.max(1) as usize
         };
         let att_split = forced
-            .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SPLIT_POSITIONS))
+            .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SLICE_MIN))
             .clamp(1, ATT_SPLIT_MAX)
             .next_power_of_two();
         let split_pairs = b.min(ATT_SPLIT_MAX_TOKENS) * d.n_heads;
@@ -1343,10 +1351,15 @@ impl CudaBackend {
             plan,
             gemm_min: opts.gemm_min,
             exact: opts.exact,
+            argmax_max: std::env::var("KILN_CUDA_ARGMAX_SLICES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ARGMAX_SLICES)
+                .clamp(1, ARGMAX_SLICES),
             clusters: gpu.clusters()
                 && std::env::var("KILN_CUDA_CLUSTER").map_or(true, |v| v != "0"),
             att_split,
-            att_slice,
+            att_blocks,
             att_gemm_min,
             att_gemm_cap,
             att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
@@ -1939,14 +1952,19 @@ impl CudaBackend {
 
     /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
     /// want logits; with `greedy`, also the argmax of each logits row.
-    /// Slices for the decode attention of `batch`: about ATT_SPLIT_POSITIONS
-    /// visible positions each, a power of two up to `att_split` (graphs are
-    /// kept per batch size and split).
+    /// Slices for the decode attention of `batch`: enough (query head,
+    /// token, slice) blocks to fill the GPU `att_blocks` / SMs times over, a
+    /// power of two up to `att_split`. It depends on the batch size only,
+    /// not on the context length, so one captured graph serves a whole
+    /// generation (the length-based count left 1-4 slices of 256 positions
+    /// at contexts below 1024, each warp walking 64 positions in a row:
+    /// 666 tok/s against 961 with 16 slices, 1B Q4_0 shape).
     fn split_for(&self, batch: &Batch<'_>) -> usize {
-        let len = batch.positions.iter().max().map_or(1, |&p| p as usize + 1);
-        len.div_ceil(self.att_slice)
-            .next_power_of_two()
+        let pairs = self.desc.n_heads * batch.len().max(1);
+        self.att_blocks
+            .div_ceil(pairs)
             .min(self.att_split)
+            .next_power_of_two()
     }
 
     /// `from_zero`: the batch is one sequence's tokens from position 0.
@@ -2053,9 +2071,6 @@ impl CudaBackend {
                 Arg::P(s.att.ptr),
                 Arg::I(qd as i32),
             ];
-            // The O projection's 8-bit activations, when the attention
-            // kernel writes them.
-            let mut o_q8 = [Arg::P(0), Arg::P(0), Arg::P(0)];
             if from_zero && n >= self.att_gemm_min && n <= self.att_gemm_cap {
                 self.attention_gemm(n, window)?;
             } else if n >= self.att_gqa_min
@@ -2090,15 +2105,10 @@ impl CudaBackend {
                     Arg::I(d.n_kv_heads as i32),
                     Arg::I(d.head_dim as i32),
                 ];
-                // `attention` takes the split scratch and the O projection's
-                // 8-bit activations too; `attention_g*` stop before them (a
-                // launch reads only its kernel's own).
-                #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-                if gqa.is_none() && d.head_dim % 32 == 0 {
-                    o_q8 = self.q8_args(&l.o, n);
-                }
+                // `attention` takes the split scratch too; `attention_g*`
+                // stop before it (a launch reads only its kernel's own).
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
-                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch, &o_q8]);
+                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),
@@ -2106,8 +2116,7 @@ impl CudaBackend {
                     args.get(),
                 )?;
             }
-            let o_filled = !matches!(o_q8[0], Arg::P(0));
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_filled)?;
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;
             self.add_norm(
                 n,
                 s.tmp.ptr,
@@ -2196,7 +2205,7 @@ impl CudaBackend {
     /// ~4096 entries over up to ARGMAX_SLICES blocks.
     fn argmax(&self, k: usize) -> CuResult<()> {
         let cols = self.desc.vocab_size;
-        let slices = argmax_slices(cols);
+        let slices = argmax_slices(cols).min(self.argmax_max);
         let s = &self.s;
         self.gpu.launch(
             self.k.argmax,
