@@ -409,6 +409,16 @@ struct Kernels {
     add_bias: cudarc::driver::sys::CUfunction,
 }
 
+/// The `mm_{n}_*` GEMVs for 1, 2, 4, 8 tokens per block.
+fn mm_funcs(gpu: &mut Gpu, n: &str) -> CuResult<[cudarc::driver::sys::CUfunction; 4]> {
+    Ok([
+        gpu.func(&format!("mm_{n}_1"))?,
+        gpu.func(&format!("mm_{n}_2"))?,
+        gpu.func(&format!("mm_{n}_4"))?,
+        gpu.func(&format!("mm_{n}_8"))?,
+    ])
+}
+
 impl Kernels {
     fn load(gpu: &mut Gpu) -> CuResult<Kernels> {
         let mut mm = vec![None; 64];
@@ -431,24 +441,14 @@ impl Kernels {
             }
             if let Some(n) = kernel_type_name(ty) {
                 let id = ty.id() as usize;
-                mm[id] = Some([
-                    gpu.func(&format!("mm_{n}_1"))?,
-                    gpu.func(&format!("mm_{n}_2"))?,
-                    gpu.func(&format!("mm_{n}_4"))?,
-                    gpu.func(&format!("mm_{n}_8"))?,
-                ]);
+                mm[id] = Some(mm_funcs(gpu, n)?);
                 embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
             }
             if let Some((n, _)) = repacked_name(ty) {
                 let id = REPACKED + ty.id() as usize;
-                mm[id] = Some([
-                    gpu.func(&format!("mm_{n}_1"))?,
-                    gpu.func(&format!("mm_{n}_2"))?,
-                    gpu.func(&format!("mm_{n}_4"))?,
-                    gpu.func(&format!("mm_{n}_8"))?,
-                ]);
+                mm[id] = Some(mm_funcs(gpu, n)?);
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
