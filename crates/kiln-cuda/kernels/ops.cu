@@ -280,7 +280,7 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
             __syncthreads();
         }
     }
-    // Q and K are written back too (the GEMM prefill attention reads both
+    // Q and K are written back too (the GEMM prefill attention reads Q
     // from here), K and V also go to the cache.
     if (kind < 2)
         for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = h[i];
@@ -894,21 +894,22 @@ extern "C" __global__ void sample_rows(const float* x, u64 cols, const u32* para
     if (threadIdx.x == 0) out[blockIdx.x] = idx == NO_IDX ? 0u : idx;
 }
 
-// Prefill attention through cuBLAS (one sequence, chunk from position 0):
-// S = scale * Q K^T was written by a GEMM (f32, heads x n x n); this makes
-// P = softmax over each row's visible keys (causal, sliding window, softcap)
-// as 16-bit floats (0 where masked) for the P V GEMM.
-// grid: (n, heads); block: 256.
-extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int n,
-                                          float softcap, int window) { PDL_ENTRY();
+// Prefill attention through cuBLAS (one sequence's chunk of n tokens from
+// position p0, against its L = p0 + n visible positions): S = scale * Q K^T
+// was written by a GEMM (f32, heads x n x L); this makes P = softmax over each
+// row's visible keys (causal, sliding window, softcap) as 16-bit floats (0
+// where masked) for the P V GEMM. grid: (n, heads); block: 256.
+extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int n, int L,
+                                          int p0, float softcap, int window) { PDL_ENTRY();
     int i = blockIdx.x, h = blockIdx.y;
-    const float* s = S + ((u64)h * n + i) * n;
-    u16* p = P + ((u64)h * n + i) * n;
-    int lo = window > 0 ? max(0, i + 1 - window) : 0;
+    const float* s = S + ((u64)h * n + i) * L;
+    u16* p = P + ((u64)h * n + i) * L;
+    int hi = p0 + i;
+    int lo = window > 0 ? max(0, hi + 1 - window) : 0;
     __shared__ float red[32];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float m = -INFINITY;
-    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) {
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) {
         float v = s[j];
         if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
         m = fmaxf(m, v);
@@ -920,7 +921,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
     for (int k = 0; k < nw; k++) m = fmaxf(m, red[k]);
     __syncthreads();
     float sum = 0.0f;
-    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) {
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) {
         float v = s[j];
         if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
         sum += __expf(v - m);
@@ -931,13 +932,30 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
     sum = 0.0f;
     for (int k = 0; k < nw; k++) sum += red[k];
     float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    for (int j = threadIdx.x; j < L; j += blockDim.x) {
         float e = 0.0f;
-        if (j >= lo && j <= i) {
+        if (j >= lo && j <= hi) {
             float v = s[j];
             if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
             e = __expf(v - m) * inv;
         }
         p[j] = f2half(e, 0);
+    }
+}
+
+// One sequence's cached K and V for positions 0..L-1 of layer slot `lig`
+// (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
+// attention. grid-stride; block: 256.
+extern "C" __global__ void gather_kv_half(const float* __restrict__ kc, const float* __restrict__ vc,
+                                          const u32* tables, const u32* rowidx, int tstride, int bs, int nlg,
+                                          int lig, int L, int kvd, u16* __restrict__ kh, u16* __restrict__ vh) {
+    PDL_ENTRY();
+    const u32* table = tables + (u64)rowidx[0] * tstride;
+    u64 total = (u64)L * kvd;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        u64 p = i / kvd, e = i % kvd;
+        u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + e;
+        kh[i] = f2half(kc[at], 0);
+        vh[i] = f2half(vc[at], 0);
     }
 }

@@ -386,6 +386,7 @@ struct Kernels {
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
+    gather_kv_half: cudarc::driver::sys::CUfunction,
     /// Per ggml type id: the few-token versions of `mvf` / `mvq`.
     mvf_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -462,6 +463,7 @@ impl Kernels {
             mvq,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
+            gather_kv_half: gpu.func("gather_kv_half")?,
             mvf_nt,
             mvq_nt,
             embed,
@@ -529,10 +531,13 @@ struct Scratch {
     xq_d: DevBuf,
     xq_s: DevBuf,
     /// Prefill attention through cuBLAS: scores (f32), probabilities (f16),
-    /// Q/K/V as f16; chunks of up to `att_gemm_cap` tokens.
+    /// the chunk's Q/K/V as f16; chunks of up to `att_gemm_cap` tokens; the
+    /// sequence's K then V for up to `att_gemm_keys` positions, gathered from
+    /// the cache as f16.
     att_s: Option<DevBuf>,
     att_p: Option<DevBuf>,
     qkvh: Option<DevBuf>,
+    kvh: Option<DevBuf>,
     /// Split decode attention: partial results and per-(head, token) counters.
     att_part: DevBuf,
     att_count: DevBuf,
@@ -598,10 +603,12 @@ pub struct CudaBackend {
     /// Decode attention blocks a step aims at (usize::MAX with
     /// `$KILN_CUDA_ATT_SPLIT`: always `att_split` slices).
     att_blocks: usize,
-    /// Prefill attention through cuBLAS for one-sequence chunks from position
-    /// 0 of `att_gemm_min..=att_gemm_cap` tokens (cap 0: never).
+    /// Prefill attention through cuBLAS for one sequence's chunks of
+    /// `att_gemm_min..=att_gemm_cap` tokens (cap 0: never) that end at most
+    /// `att_gemm_keys` positions in.
     att_gemm_min: usize,
     att_gemm_cap: usize,
+    att_gemm_keys: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1138,16 +1145,27 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(ATT_GEMM_MIN);
+        // Chunks of up to `att_gemm_cap` tokens against up to
+        // `att_gemm_keys` visible positions: scores (f32 + f16) per head,
+        // within ATT_GEMM_MAX_BYTES (fewer keys first, then fewer tokens).
         let mut att_gemm_cap = if blas.is_some() && att_gemm_min > 0 {
             b.min(2048)
         } else {
             0
         };
-        while att_gemm_cap > 0 && d.n_heads * att_gemm_cap * att_gemm_cap * 6 > ATT_GEMM_MAX_BYTES {
-            att_gemm_cap /= 2;
+        let mut att_gemm_keys = layout.max_ctx.max(att_gemm_cap);
+        while att_gemm_cap > 0 && d.n_heads * att_gemm_cap * att_gemm_keys * 6 > ATT_GEMM_MAX_BYTES
+        {
+            if att_gemm_keys > att_gemm_cap {
+                att_gemm_keys = (att_gemm_keys / 2).max(att_gemm_cap);
+            } else {
+                att_gemm_cap /= 2;
+            }
         }
         let att_gemm_bytes = if att_gemm_cap >= att_gemm_min.max(1) {
-            d.n_heads * att_gemm_cap * att_gemm_cap * 6 + att_gemm_cap * qkv_dim * 2
+            d.n_heads * att_gemm_cap * att_gemm_keys * 6
+                + att_gemm_cap * qkv_dim * 2
+                + att_gemm_keys * kvd * 4
         } else {
             att_gemm_cap = 0;
             0
@@ -1317,17 +1335,22 @@ impl CudaBackend {
             xq_s: f(xq_cols / 32)?,
             att_part: f(att_part_floats)?,
             att_s: if att_gemm_cap > 0 {
-                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_cap * 4)?)
+                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_keys * 4)?)
             } else {
                 None
             },
             att_p: if att_gemm_cap > 0 {
-                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_cap * 2)?)
+                Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_keys * 2)?)
             } else {
                 None
             },
             qkvh: if att_gemm_cap > 0 {
                 Some(DevBuf::alloc(att_gemm_cap * qkv_dim * 2)?)
+            } else {
+                None
+            },
+            kvh: if att_gemm_cap > 0 {
+                Some(DevBuf::alloc(att_gemm_keys * kvd * 4)?)
             } else {
                 None
             },
@@ -1387,6 +1410,7 @@ impl CudaBackend {
             att_blocks,
             att_gemm_min,
             att_gemm_cap,
+            att_gemm_keys,
             att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -1747,18 +1771,56 @@ impl CudaBackend {
     /// tokens): S = scale·Q Kᵀ and O = P V as f16 cuBLAS GEMMs with f32
     /// accumulation (batched over KV heads, once per query head of a group),
     /// P = `softmax_causal(S)`. Q/K/V are read from `s.qkv` (RoPE applied).
-    fn attention_gemm(&self, n: usize, window: i32) -> CuResult<()> {
+    /// `p0`: the chunk's first position; `grp`, `lig`, `nlg`: the layer's KV
+    /// group, its slot in it and the group's layer count.
+    fn attention_gemm(
+        &self,
+        n: usize,
+        p0: usize,
+        window: i32,
+        grp: usize,
+        lig: usize,
+        nlg: usize,
+    ) -> CuResult<()> {
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
-        let (Some(bl), Some(sb), Some(pb), Some(qh)) =
-            (&self.blas, &self.s.att_s, &self.s.att_p, &self.s.qkvh)
-        else {
+        let (Some(bl), Some(sb), Some(pb), Some(qh), Some(kvh)) = (
+            &self.blas,
+            &self.s.att_s,
+            &self.s.att_p,
+            &self.s.qkvh,
+            &self.s.kvh,
+        ) else {
             return Err(CudaError("no attention GEMM scratch".into()));
         };
         let d = &self.desc;
         let (qd, kvd, hd) = (d.q_dim(), d.kv_dim(), d.head_dim);
         let qkv_dim = qd + 2 * kvd;
         let g = d.n_heads / d.n_kv_heads;
+        // Keys: every visible position of the sequence, this chunk's included
+        // (qkv_post has written them to the cache), as f16: K then V.
+        let keys = p0 + n;
+        let (kh, vh) = (kvh.ptr, kvh.ptr + (keys * kvd * 2) as u64);
+        let ml = self.ml;
+        self.gpu.launch(
+            self.k.gather_kv_half,
+            ((keys * kvd).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+            256,
+            &[
+                Arg::P(self.kv_k[grp].ptr),
+                Arg::P(self.kv_v[grp].ptr),
+                Arg::P(self.meta_ptr(ml.tables + grp * ml.table_len)),
+                Arg::P(self.meta_ptr(ml.rowidx)),
+                Arg::I(ml.tstride as i32),
+                Arg::I(self.layout.block_size as i32),
+                Arg::I(nlg as i32),
+                Arg::I(lig as i32),
+                Arg::I(keys as i32),
+                Arg::I(kvd as i32),
+                Arg::P(kh),
+                Arg::P(vh),
+            ],
+        )?;
         let total = n * qkv_dim;
         self.gpu.launch(
             self.k.to_half,
@@ -1771,7 +1833,7 @@ impl CudaBackend {
                 Arg::I(0),
             ],
         )?;
-        let nn = (n * n) as i64;
+        let nn = (n * keys) as i64;
         let gemm = |ta,
                     m: usize,
                     nc: usize,
@@ -1822,22 +1884,22 @@ impl CudaBackend {
             }
         };
         for j in 0..g {
-            // Column-major: S_hᵀ (n x n) = K_g (as hd x n, transposed) · Q_h (hd x n).
+            // Column-major: S_hᵀ (keys x n) = K_g (as hd x keys, transposed) · Q_h (hd x n).
             gemm(
                 bs::cublasOperation_t::CUBLAS_OP_T,
-                n,
+                keys,
                 n,
                 hd,
                 d.attn_scale,
-                qh.ptr + (qd * 2) as u64,
-                qkv_dim,
+                kh,
+                kvd,
                 hd as i64,
                 qh.ptr + (j * hd * 2) as u64,
                 qkv_dim,
                 (g * hd) as i64,
                 sb.ptr + (j as u64) * (nn as u64) * 4,
                 Dt::CUDA_R_32F,
-                n,
+                keys,
                 g as i64 * nn,
             )?;
         }
@@ -1849,23 +1911,25 @@ impl CudaBackend {
                 Arg::P(sb.ptr),
                 Arg::P(pb.ptr),
                 Arg::I(n as i32),
+                Arg::I(keys as i32),
+                Arg::I(p0 as i32),
                 Arg::F(d.attn_softcap.unwrap_or(0.0)),
                 Arg::I(window),
             ],
         )?;
         for j in 0..g {
-            // Column-major: O_hᵀ (hd x n) = V_g (hd x n) · P_hᵀ (n x n).
+            // Column-major: O_hᵀ (hd x n) = V_g (hd x keys) · P_hᵀ (keys x n).
             gemm(
                 bs::cublasOperation_t::CUBLAS_OP_N,
                 hd,
                 n,
-                n,
+                keys,
                 1.0,
-                qh.ptr + ((qd + kvd) * 2) as u64,
-                qkv_dim,
+                vh,
+                kvd,
                 hd as i64,
                 pb.ptr + (j as u64) * (nn as u64) * 2,
-                n,
+                keys,
                 g as i64 * nn,
                 self.s.att.ptr + (j * hd * 4) as u64,
                 Dt::CUDA_R_32F,
@@ -1998,14 +2062,15 @@ impl CudaBackend {
             .next_power_of_two()
     }
 
-    /// `from_zero`: the batch is one sequence's tokens from position 0.
+    /// `chunk`: the batch is one sequence's consecutive tokens from this
+    /// position.
     fn enqueue(
         &self,
         n: usize,
         k: usize,
         greedy: bool,
         split: usize,
-        from_zero: bool,
+        chunk: Option<usize>,
     ) -> CuResult<()> {
         let d = &self.desc;
         let s = &self.s;
@@ -2102,8 +2167,11 @@ impl CudaBackend {
                 Arg::P(s.att.ptr),
                 Arg::I(qd as i32),
             ];
-            if from_zero && n >= self.att_gemm_min && n <= self.att_gemm_cap {
-                self.attention_gemm(n, window)?;
+            let gemm_chunk = chunk.filter(|&p0| {
+                n >= self.att_gemm_min && n <= self.att_gemm_cap && p0 + n <= self.att_gemm_keys
+            });
+            if let Some(p0) = gemm_chunk {
+                self.attention_gemm(n, p0, window, g, lig, nlg)?;
             } else if n >= self.att_gqa_min
                 && self.row_seqs.len() == 1
                 && d.head_dim <= 128
@@ -2263,20 +2331,21 @@ impl CudaBackend {
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
         if !decode_like {
-            let from_zero = self.row_seqs.len() == 1
+            let p0 = batch.positions.first().map_or(0, |&p| p as usize);
+            let chunk = self.row_seqs.len() == 1
                 && batch
                     .positions
                     .iter()
                     .enumerate()
-                    .all(|(i, &p)| p as usize == i);
-            self.enqueue(n, k, greedy, split, from_zero)?;
+                    .all(|(i, &p)| p as usize == p0 + i);
+            self.enqueue(n, k, greedy, split, chunk.then_some(p0))?;
             return Ok(());
         }
         // Graphs are keyed by (n, split); the greedy argmax is a separate
         // launch so one graph serves both paths.
         if self.graphs[gi].is_none() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue(n, k, false, split, false);
+            let r = self.enqueue(n, k, false, split, None);
             let g = self.gpu.end_capture();
             r?;
             self.graphs[gi] = Some(g?);
