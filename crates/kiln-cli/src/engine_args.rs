@@ -67,6 +67,11 @@ pub struct DeviceArgs {
     /// the first tokens do not wait on page faults.
     #[arg(long)]
     pub warm: bool,
+    /// GPU: batch-invariant numerics (a sequence's logits do not depend on
+    /// what shares its steps; no cuBLAS, steps of at most 64 tokens, slower
+    /// prefill). The CPU backend is always invariant.
+    #[arg(long = "batch-invariant")]
+    pub batch_invariant: bool,
 }
 
 impl DeviceArgs {
@@ -294,6 +299,7 @@ pub fn make_backend(
                 max_chunk,
                 CudaOptions {
                     gpu_mem: dev.gpu_mem.or(CudaOptions::default().gpu_mem),
+                    invariant: dev.batch_invariant || CudaOptions::default().invariant,
                     ..CudaOptions::default()
                 },
             );

@@ -216,6 +216,14 @@ pub struct CudaOptions {
     /// per 32 values with integer dot products (llama.cpp's and kiln-cpu's
     /// numerics). `$KILN_CUDA_EXACT=1` sets the default.
     pub exact: bool,
+    /// Batch-invariant numerics: every token's logits are those of its
+    /// sequence alone, whatever else shares its steps (as the CPU backend).
+    /// Steps of at most 64 tokens, all products through the per-token GEMV
+    /// kernels (no cuBLAS), one attention kernel with a fixed split for every
+    /// token. Costs prefill speed (weights read once per 64 tokens) and
+    /// batched decode above 8 sequences. `$KILN_CUDA_INVARIANT=1` sets the
+    /// default.
+    pub invariant: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -249,6 +257,7 @@ impl Default for CudaOptions {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(8),
             exact: std::env::var("KILN_CUDA_EXACT").is_ok_and(|v| v == "1"),
+            invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -600,6 +609,8 @@ pub struct CudaBackend {
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
+    /// Steps of up to this many tokens split their decode attention.
+    att_split_tokens: usize,
     /// Decode attention blocks a step aims at (usize::MAX with
     /// `$KILN_CUDA_ATT_SPLIT`: always `att_split` slices).
     att_blocks: usize,
@@ -1037,7 +1048,22 @@ impl CudaBackend {
     ) -> Result<Self> {
         let m = &*model;
         let d = &desc;
-        let max_batch = max_batch.max(1);
+        let max_batch = if opts.invariant {
+            max_batch.clamp(1, MV_TOKENS_MAX)
+        } else {
+            max_batch.max(1)
+        };
+        let (gemm_min_opt, gemm_min_float_opt) = if opts.invariant {
+            (0, 0)
+        } else {
+            (opts.gemm_min, opts.gemm_min_float)
+        };
+        // Token counts up to which the decode attention is split.
+        let att_split_tokens = if opts.invariant {
+            max_batch
+        } else {
+            ATT_SPLIT_MAX_TOKENS
+        };
         if d.head_dim > 256 {
             return Err(unsupported(format!(
                 "head_dim {} (the CUDA attention kernel takes up to 256)",
@@ -1088,13 +1114,23 @@ impl CudaBackend {
         // GEMM path: 16-bit activations, and (for quantized weights) one
         // row chunk of dequantized weights as large as the largest layer
         // matrix (the output matrix goes through in chunks of that size).
-        let blas_min = [opts.gemm_min, opts.gemm_min_float]
+        let blas_min = [gemm_min_opt, gemm_min_float_opt]
             .into_iter()
             .filter(|&v| v > 0)
             .min()
             .unwrap_or(0);
         let (blas, blas_note) = if blas_min == 0 || b < blas_min {
-            (None, Some("off (gemm_min)".to_string()))
+            (
+                None,
+                Some(
+                    if opts.invariant {
+                        "off (batch-invariant mode)"
+                    } else {
+                        "off (gemm_min)"
+                    }
+                    .to_string(),
+                ),
+            )
         } else {
             match Blas::new(&gpu) {
                 Ok(bl) => (Some(bl), None),
@@ -1126,7 +1162,7 @@ impl CudaBackend {
         let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
-        let att_blocks = if forced.is_some() {
+        let att_blocks = if forced.is_some() || opts.invariant {
             usize::MAX
         } else {
             ATT_BLOCKS_PER_SM * gpu.info.sms.max(1) as usize
@@ -1135,7 +1171,7 @@ impl CudaBackend {
             .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SLICE_MIN))
             .clamp(1, ATT_SPLIT_MAX)
             .next_power_of_two();
-        let split_pairs = b.min(ATT_SPLIT_MAX_TOKENS) * d.n_heads;
+        let split_pairs = b.min(att_split_tokens) * d.n_heads;
         let att_part_floats = if att_split > 1 {
             split_pairs * att_split * (d.head_dim + 2)
         } else {
@@ -1392,11 +1428,11 @@ impl CudaBackend {
             ml,
             k,
             plan,
-            gemm_min: opts.gemm_min,
-            gemm_min_float: if opts.gemm_min_float == 0 {
+            gemm_min: gemm_min_opt,
+            gemm_min_float: if gemm_min_float_opt == 0 {
                 usize::MAX
             } else {
-                opts.gemm_min_float
+                gemm_min_float_opt
             },
             exact: opts.exact,
             argmax_max: std::env::var("KILN_CUDA_ARGMAX_SLICES")
@@ -1411,10 +1447,15 @@ impl CudaBackend {
             att_gemm_min,
             att_gemm_cap,
             att_gemm_keys,
-            att_gqa_min: std::env::var("KILN_CUDA_ATT_GQA_MIN")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(ATT_GQA_MIN_TOKENS),
+            att_gqa_min: if opts.invariant {
+                usize::MAX
+            } else {
+                std::env::var("KILN_CUDA_ATT_GQA_MIN")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(ATT_GQA_MIN_TOKENS)
+            },
+            att_split_tokens,
             blas_note,
             blas,
             gpu,
@@ -2196,7 +2237,7 @@ impl CudaBackend {
             } else {
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
-                    None if n <= ATT_SPLIT_MAX_TOKENS => (self.k.attention, d.n_heads, split),
+                    None if n <= self.att_split_tokens => (self.k.attention, d.n_heads, split),
                     None => (self.k.attention, d.n_heads, 1),
                 };
                 let shape = [
