@@ -548,8 +548,14 @@ fn batched_once<B: Backend>(
     let mut ids = vec![0u32; b];
     let t = Instant::now();
     // Whole prompts packed into forwards of up to the step size, as
-    // llama-batched-bench fills its n_batch.
-    if let Some(per_step) = e.backend.max_batch_tokens().checked_div(p) {
+    // llama-batched-bench fills its n_batch; a prompt longer than a step
+    // (e.g. `--batch-invariant` on a GPU: 64 tokens) is prefilled in chunks.
+    let step = e.backend.max_batch_tokens().max(1);
+    if p > step {
+        for (s, prompt) in prompts.iter().enumerate() {
+            items[s].1 = kiln_core::sampler::argmax(e.prefill(s, prompt)?);
+        }
+    } else if let Some(per_step) = step.checked_div(p) {
         let per_step = per_step.max(1);
         for (g0, group) in prompts.chunks(per_step).enumerate() {
             let s0 = g0 * per_step;
@@ -578,23 +584,28 @@ fn batched_once<B: Backend>(
     let t_pp = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for _ in 0..g {
-        if on_device {
-            let feeds: Vec<Feed<'_>> = items
-                .iter()
-                .map(|(slot, token)| Feed {
-                    slot: *slot,
-                    tokens: std::slice::from_ref(token),
-                    logits: Logits::Last,
-                })
-                .collect();
-            e.step_sampled(&feeds, &greedy, &mut ids)?;
-            for (item, &id) in items.iter_mut().zip(&ids) {
-                item.1 = id;
-            }
-        } else {
-            let logits = e.decode_batch(&items)?;
-            for (item, row) in items.iter_mut().zip(logits.chunks_exact(vocab)) {
-                item.1 = kiln_core::sampler::argmax(row);
+        // One step per `step` sequences (all of them unless the backend
+        // takes fewer tokens per step).
+        for group in items.chunks_mut(step) {
+            if on_device {
+                let feeds: Vec<Feed<'_>> = group
+                    .iter()
+                    .map(|(slot, token)| Feed {
+                        slot: *slot,
+                        tokens: std::slice::from_ref(token),
+                        logits: Logits::Last,
+                    })
+                    .collect();
+                let n = group.len();
+                e.step_sampled(&feeds, &greedy[..n], &mut ids[..n])?;
+                for (item, &id) in group.iter_mut().zip(&ids) {
+                    item.1 = id;
+                }
+            } else {
+                let logits = e.decode_batch(group)?;
+                for (item, row) in group.iter_mut().zip(logits.chunks_exact(vocab)) {
+                    item.1 = kiln_core::sampler::argmax(row);
+                }
             }
         }
     }
