@@ -328,8 +328,14 @@ __device__ __forceinline__ float qdot<T_Q6_K>(const u8* __restrict__ row, int u,
 }
 
 // Units per lane in flight. (Two rows per warp sharing the activation loads
-// measured 5-10% slower at the 1B shape: half the warps, each longer.)
+// measured 5-10% slower at the 1B shape: half the warps, each longer.) Four
+// for Q4_K and Q6_K: +4-5% decode (1B and 8B shapes); Q4_0 measured the same
+// or 1% slower with four.
 #define MVQ_UNROLL 2
+template <int T>
+__device__ __forceinline__ constexpr int mvq_unroll() {
+    return T == T_Q4_K || T == T_Q6_K ? 4 : MVQ_UNROLL;
+}
 
 // y[r] = W[r] . x + bias[r] with x given as 8-bit blocks (xq, xd, xs), cols % 32 == 0
 // (% 256 for the k-quants). grid: ceil(rows / warps); block: warps * 32.
@@ -346,9 +352,10 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
     PDL_ENTRY();
     int units = cols >> 5;
     float acc = 0.0f;
-    for (int u0 = lane; u0 < units; u0 += 32 * MVQ_UNROLL) {
+    constexpr int U = mvq_unroll<T>();
+    for (int u0 = lane; u0 < units; u0 += 32 * U) {
 #pragma unroll
-        for (int k = 0; k < MVQ_UNROLL; k++) {
+        for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u < units) {
                 const int4* xp = (const int4*)(xq + (u64)u * 32);
