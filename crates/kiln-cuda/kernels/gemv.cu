@@ -134,6 +134,20 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, int nblocks,
     quant_q8_warp(x[(u64)b * 32 + lane], lane, (u64)b, q, d, s);
 }
 
+// Block b of the 8-bit activations (32 values) as 8 words.
+__device__ __forceinline__ void ld_xq(const i8* __restrict__ xq, u64 b, int* xv) {
+    const int4* p = (const int4*)(xq + b * 32);
+    int4 a = __ldg(p), c = __ldg(p + 1);
+    xv[0] = a.x;
+    xv[1] = a.y;
+    xv[2] = a.z;
+    xv[3] = a.w;
+    xv[4] = c.x;
+    xv[5] = c.y;
+    xv[6] = c.z;
+    xv[7] = c.w;
+}
+
 // Σ over unit u of a row: w · x, where x = dx * xv (xv: the unit's 32 int8
 // activations as 8 words) and sx = dx * Σ xv.
 template <int T>
@@ -358,9 +372,8 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
         for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u < units) {
-                const int4* xp = (const int4*)(xq + (u64)u * 32);
-                int4 a = __ldg(xp), c = __ldg(xp + 1);
-                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                int xv[8];
+                ld_xq(xq, (u64)u, xv);
                 acc = __fadd_rn(acc, qdot<T>(row, u, xv, __ldg(xd + u), __ldg(xs + u)));
             }
         }
@@ -404,9 +417,8 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
         for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u < units) {
-                const int4* xp = (const int4*)(xq + (u64)u * 32);
-                int4 a = __ldg(xp), c = __ldg(xp + 1);
-                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                int xv[8];
+                ld_xq(xq, (u64)u, xv);
                 acc = __fadd_rn(acc, rdot<T>(q[k], d[k], xv, __ldg(xd + u), __ldg(xs + u)));
             }
         }
@@ -560,9 +572,8 @@ __device__ __forceinline__ void mvq_nt_impl(const u8* __restrict__ W, u64 row_by
         for (int t = 0; t < MV_NT; t++) {
             if (t0 + t < n) {
                 u64 b = (u64)(t0 + t) * units + u;
-                const int4* xp = (const int4*)(xq + b * 32);
-                int4 a = __ldg(xp), c = __ldg(xp + 1);
-                int xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                int xv[8];
+                ld_xq(xq, b, xv);
                 acc[t] = __fadd_rn(acc[t], qdot<T>(row, u, xv, __ldg(xd + b), __ldg(xs + b)));
             }
         }
