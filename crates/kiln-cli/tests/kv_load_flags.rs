@@ -1,6 +1,8 @@
-//! `-ctk/-ctv` (KV cache types), `--warm` and `--mlock` on the tiny llama
-//! fixture: greedy output with an f16 KV cache equals f32's, the flags
-//! parse on `run` and `bench`, and f16 on `--device cuda` is refused.
+//! `-ctk/-ctv` (KV cache types), `--warm`, `--mlock` and `--batch-invariant`
+//! on the tiny llama fixture: greedy output with an f16 KV cache equals
+//! f32's, `--batch-invariant` (a GPU mode; the CPU is always invariant)
+//! changes nothing on the CPU, the flags parse on `run` and `bench`, and f16
+//! on `--device cuda` is refused.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -57,6 +59,8 @@ fn f16_kv_greedy_matches_f32() {
     assert!(long_err.contains("KV f16/f32"), "{long_err}");
     assert!(long_err.contains("warmed"), "{long_err}");
     assert_eq!(f32_out, long_out);
+    let (inv_out, _) = run_greedy(&["--batch-invariant"]);
+    assert_eq!(f32_out, inv_out);
 }
 
 #[test]
