@@ -94,6 +94,11 @@ impl KvLayout {
     }
 
     /// Bytes of K and V storage for the whole pool (f32).
+    /// KV blocks in the pool, all groups together.
+    pub fn total_blocks(&self) -> usize {
+        self.groups.iter().map(|g| g.n_blocks).sum()
+    }
+
     pub fn total_bytes(&self) -> usize {
         (0..self.groups.len())
             .map(|g| self.groups[g].n_blocks * self.block_elems(g) * 2 * 4)

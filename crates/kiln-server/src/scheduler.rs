@@ -302,7 +302,7 @@ impl<B: Backend> Core<B> {
             .max(cfg.parallel.min(backend.max_batch_tokens()))
             .max(1);
         let ctx = layout.max_ctx;
-        let total: usize = layout.groups.iter().map(|g| g.n_blocks).sum();
+        let total = layout.total_blocks();
         // One logits row per running sequence at most.
         let engine = Engine::with_logit_rows(backend, layout, cfg.parallel);
         let slots = (0..cfg.parallel).map(|_| Slot::default()).collect();
@@ -340,14 +340,7 @@ impl<B: Backend> Core<B> {
             backend,
             ctx: self.ctx,
             vocab: self.vocab,
-            kv_blocks: self
-                .engine
-                .kv()
-                .layout()
-                .groups
-                .iter()
-                .map(|g| g.n_blocks)
-                .sum(),
+            kv_blocks: self.engine.kv().layout().total_blocks(),
             step_tokens: self.step_tokens,
         }
     }
@@ -560,14 +553,7 @@ impl<B: Backend> Core<B> {
             };
             // Room for the whole prompt (plus the first generated token).
             let need = self.blocks_for(front.tokens.len() + 1);
-            let total: usize = self
-                .engine
-                .kv()
-                .layout()
-                .groups
-                .iter()
-                .map(|g| g.n_blocks)
-                .sum();
+            let total = self.engine.kv().layout().total_blocks();
             if need > total {
                 let Some(s) = self.waiting.pop_front() else {
                     break;
@@ -893,14 +879,7 @@ impl<B: Backend> Core<B> {
 
     fn publish(&self) {
         let m = &self.metrics;
-        let total: usize = self
-            .engine
-            .kv()
-            .layout()
-            .groups
-            .iter()
-            .map(|g| g.n_blocks)
-            .sum();
+        let total = self.engine.kv().layout().total_blocks();
         let free = self.free_blocks();
         let cached: usize = self
             .slots
