@@ -51,15 +51,8 @@ fn f16f(h: u16) -> f32 {
 
 /// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)`.
 fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let max = max_by_magnitude(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
@@ -105,15 +98,8 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 
 /// `make_q3_quants(n, nmax, x, L, do_rmse = true)`.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let max = max_by_magnitude(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
@@ -584,18 +570,56 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     s
 }
 
+/// `x` as `N` sub-blocks of `M` values, transposed: `xt[i][j]` is value `i`
+/// of sub-block `j` (the layout `qkx2_8` takes).
+fn transposed<const M: usize, const N: usize>(x: &[f32]) -> [[f32; N]; M] {
+    let mut xt = [[0.0f32; N]; M];
+    for (j, sub) in x.chunks_exact(M).enumerate() {
+        for (i, &v) in sub.iter().enumerate() {
+            xt[i][j] = v;
+        }
+    }
+    xt
+}
+
+/// The levels `lt[i][j]` of `transposed` back in block order:
+/// `l[M * j + i]`.
+fn untransposed<const M: usize, const N: usize>(lt: &[[f32; N]; M]) -> [u8; QK_K] {
+    let mut l = [0u8; QK_K];
+    for (i, row) in lt.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            l[M * j + i] = v as u8;
+        }
+    }
+    l
+}
+
+/// The largest of `v`, 0 when none is above it (ggml's `>` loop).
+fn max_above_zero(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, &s| if s > m { s } else { m })
+}
+
+/// The value of `v` with the largest magnitude, the first on ties; 0 when
+/// none is above 0 in magnitude (ggml's `fabsf(s) > amax` loop).
+fn max_by_magnitude(v: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut best = 0.0f32;
+    for &s in v {
+        if s.abs() > amax {
+            amax = s.abs();
+            best = s;
+        }
+    }
+    best
+}
+
 /// The shared part of `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref`:
 /// per-32 scales and mins, the 12 scale bytes, `d`, `dmin` and the final
 /// levels `l` (0..=nmax).
 type Q45 = ([u8; 12], u16, u16, [u8; QK_K]);
 
 fn q45_k(x: &[f32], nmax: i32, rmin: f32, rdelta: f32, nstep: i32) -> Q45 {
-    let mut xt = [[0.0f32; 8]; 32];
-    for (j, sub) in x.chunks_exact(32).enumerate() {
-        for (i, &v) in sub.iter().enumerate() {
-            xt[i][j] = v;
-        }
-    }
+    let xt = transposed::<32, 8>(x);
     let mut sum_x2 = [0.0f32; 8];
     for row in &xt {
         for k in 0..8 {
@@ -607,22 +631,8 @@ fn q45_k(x: &[f32], nmax: i32, rmin: f32, rdelta: f32, nstep: i32) -> Q45 {
         std::array::from_fn(|i| std::array::from_fn(|k| av_x[k] + xt[i][k].abs()));
     let mut lt = [[0.0f32; 8]; 32];
     let (scales, mins) = qkx2_8(nmax, &xt, &wt, &mut lt, rmin, rdelta, nstep, false);
-    let mut l = [0u8; QK_K];
-    for (i, row) in lt.iter().enumerate() {
-        for k in 0..8 {
-            l[32 * k + i] = row[k] as u8;
-        }
-    }
-    let mut max_scale = 0.0f32;
-    let mut max_min = 0.0f32;
-    for j in 0..8 {
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
-        }
-    }
+    let mut l = untransposed(&lt);
+    let (max_scale, max_min) = (max_above_zero(&scales), max_above_zero(&mins));
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
@@ -697,12 +707,7 @@ pub(super) fn q5_k(x: &[f32], o: &mut [u8]) {
 /// One Q2_K block: `scales[16] qs[64] d dmin`.
 pub(super) fn q2_k(x: &[f32], o: &mut [u8]) {
     debug_assert_eq!((x.len(), o.len()), (QK_K, 84));
-    let mut xt = [[0.0f32; 16]; 16];
-    for (j, sub) in x.chunks_exact(16).enumerate() {
-        for (i, &v) in sub.iter().enumerate() {
-            xt[i][j] = v;
-        }
-    }
+    let xt = transposed::<16, 16>(x);
     let mut lt = [[0.0f32; 16]; 16];
     let mut scales = [0.0f32; 16];
     let mut mins = [0.0f32; 16];
@@ -717,22 +722,8 @@ pub(super) fn q2_k(x: &[f32], o: &mut [u8]) {
             lt[i][8 * h..8 * h + 8].copy_from_slice(&lh[i]);
         }
     }
-    let mut l = [0u8; QK_K];
-    for (i, row) in lt.iter().enumerate() {
-        for k in 0..16 {
-            l[16 * k + i] = row[k] as u8;
-        }
-    }
-    let mut max_scale = 0.0f32;
-    let mut max_min = 0.0f32;
-    for j in 0..16 {
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
-        }
-    }
+    let mut l = untransposed(&lt);
+    let (max_scale, max_min) = (max_above_zero(&scales), max_above_zero(&mins));
     let q4scale = 15.0f32;
     let mut sc = [0u8; 16];
     let d = if max_scale > 0.0 {
@@ -787,16 +778,10 @@ pub(super) fn q3_k(x: &[f32], o: &mut [u8]) {
     debug_assert_eq!((x.len(), o.len()), (QK_K, 110));
     let mut l = [0i8; QK_K];
     let mut scales = [0.0f32; 16];
-    let mut max_scale = 0.0f32;
-    let mut amax = 0.0f32;
     for j in 0..16 {
-        let s = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-        scales[j] = s;
-        if s.abs() > amax {
-            amax = s.abs();
-            max_scale = s;
-        }
+        scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
     }
+    let max_scale = max_by_magnitude(&scales);
     let mut sc = [0u8; 12];
     let d = if max_scale != 0.0 {
         let iscale = -32.0f32 / max_scale;
@@ -876,15 +861,9 @@ pub(super) fn q6_k(x: &[f32], o: &mut [u8]) {
     debug_assert_eq!((x.len(), o.len()), (QK_K, 210));
     let mut l = [0i8; QK_K];
     let mut scales = [0.0f32; QK_K / 16];
-    let mut max_scale = 0.0f32;
-    let mut max_abs_scale = 0.0f32;
     qx_16x16(32, x, &mut scales, &mut l);
-    for &s in &scales {
-        if s.abs() > max_abs_scale {
-            max_abs_scale = s.abs();
-            max_scale = s;
-        }
-    }
+    let max_scale = max_by_magnitude(&scales);
+    let max_abs_scale = max_scale.abs();
     o.fill(0);
     if max_abs_scale < GROUP_MAX_EPS {
         return;
