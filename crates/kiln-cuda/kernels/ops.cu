@@ -114,6 +114,15 @@ __device__ __forceinline__ void reg_stats(const float* v, int len, int n, int ki
 // 4096-value row was ~10 us a call, 65 calls a token at the 8B shape.
 #define AN_THREADS 512
 #define AN_V 8
+// v[k] = p[threadIdx.x + k * blockDim.x] for the first `len` (0 past them).
+__device__ __forceinline__ void load_regs(const float* p, int len, float* v) {
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < len ? p[i] : 0.0f;
+    }
+}
+
 template <bool CL>
 __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const float* pw, const float* pb,
                                               const float* w, const float* b, float* out, int hid, float eps,
@@ -121,19 +130,10 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
     float* xr = x + (u64)t * hid + base;
     double mean, inv;
     float xv[AN_V];
-#pragma unroll
-    for (int k = 0; k < AN_V; k++) {
-        int i = threadIdx.x + k * blockDim.x;
-        xv[k] = i < len ? xr[i] : 0.0f;
-    }
+    load_regs(xr, len, xv);
     if (y) {
-        const float* yr = y + (u64)t * hid + base;
         float yv[AN_V];
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            yv[k] = i < len ? yr[i] : 0.0f;
-        }
+        load_regs(y + (u64)t * hid + base, len, yv);
         if (pw) {
             reg_stats<AN_V, CL>(yv, len, hid, kind, eps, &mean, &inv);
             float finv = (float)inv;
@@ -947,7 +947,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
 // (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
 // attention. grid-stride; block: 256.
 extern "C" __global__ void gather_kv_half(const float* __restrict__ kc, const float* __restrict__ vc,
-                                          const u32* tables, const u32* rowidx, int tstride, int bs, int nlg,
+                                          const u32* rowidx, const u32* tables, int tstride, int bs, int nlg,
                                           int lig, int L, int kvd, u16* __restrict__ kh, u16* __restrict__ vh) {
     PDL_ENTRY();
     const u32* table = tables + (u64)rowidx[0] * tstride;

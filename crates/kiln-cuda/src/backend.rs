@@ -1812,16 +1812,16 @@ impl CudaBackend {
     /// tokens): S = scale·Q Kᵀ and O = P V as f16 cuBLAS GEMMs with f32
     /// accumulation (batched over KV heads, once per query head of a group),
     /// P = `softmax_causal(S)`. Q/K/V are read from `s.qkv` (RoPE applied).
-    /// `p0`: the chunk's first position; `grp`, `lig`, `nlg`: the layer's KV
-    /// group, its slot in it and the group's layer count.
+    /// `p0`: the chunk's first position; `grp`: the layer's KV group;
+    /// `cache`: the layer's paged-cache arguments (block tables, their
+    /// stride, block size, layers in the group, the layer's slot).
     fn attention_gemm(
         &self,
         n: usize,
         p0: usize,
         window: i32,
         grp: usize,
-        lig: usize,
-        nlg: usize,
+        cache: &[Arg],
     ) -> CuResult<()> {
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
@@ -1842,25 +1842,25 @@ impl CudaBackend {
         // (qkv_post has written them to the cache), as f16: K then V.
         let keys = p0 + n;
         let (kh, vh) = (kvh.ptr, kvh.ptr + (keys * kvd * 2) as u64);
-        let ml = self.ml;
-        self.gpu.launch(
-            self.k.gather_kv_half,
-            ((keys * kvd).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-            256,
+        let gather = ArgList::of(&[
             &[
                 Arg::P(self.kv_k[grp].ptr),
                 Arg::P(self.kv_v[grp].ptr),
-                Arg::P(self.meta_ptr(ml.tables + grp * ml.table_len)),
-                Arg::P(self.meta_ptr(ml.rowidx)),
-                Arg::I(ml.tstride as i32),
-                Arg::I(self.layout.block_size as i32),
-                Arg::I(nlg as i32),
-                Arg::I(lig as i32),
+                Arg::P(self.meta_ptr(self.ml.rowidx)),
+            ],
+            cache,
+            &[
                 Arg::I(keys as i32),
                 Arg::I(kvd as i32),
                 Arg::P(kh),
                 Arg::P(vh),
             ],
+        ]);
+        self.gpu.launch(
+            self.k.gather_kv_half,
+            ((keys * kvd).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+            256,
+            gather.get(),
         )?;
         let total = n * qkv_dim;
         self.gpu.launch(
@@ -2146,11 +2146,16 @@ impl CudaBackend {
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
-            let tables = self.meta_ptr(ml.tables + g * ml.table_len);
-            self.gpu.launch(
-                self.k.qkv_post,
-                ((d.n_heads + 2 * d.n_kv_heads) as u32, n as u32, 1),
-                128,
+            // Where this layer's K/V rows sit in the paged cache (the same
+            // arguments for every kernel that reads or writes it).
+            let cache = [
+                Arg::P(self.meta_ptr(ml.tables + g * ml.table_len)),
+                Arg::I(ml.tstride as i32),
+                Arg::I(self.layout.block_size as i32),
+                Arg::I(nlg as i32),
+                Arg::I(lig as i32),
+            ];
+            let qkv_args = ArgList::of(&[
                 &[
                     Arg::P(s.qkv.ptr),
                     Arg::I(qkv_dim as i32),
@@ -2166,14 +2171,15 @@ impl CudaBackend {
                     Arg::I(rope.map_or(0, |r| i32::from(r.neox))),
                     Arg::P(self.meta_ptr(ml.positions)),
                     Arg::P(self.meta_ptr(ml.rowidx)),
-                    Arg::P(tables),
-                    Arg::I(ml.tstride as i32),
-                    Arg::I(self.layout.block_size as i32),
-                    Arg::I(nlg as i32),
-                    Arg::I(lig as i32),
-                    Arg::P(self.kv_k[g].ptr),
-                    Arg::P(self.kv_v[g].ptr),
                 ],
+                &cache,
+                &[Arg::P(self.kv_k[g].ptr), Arg::P(self.kv_v[g].ptr)],
+            ]);
+            self.gpu.launch(
+                self.k.qkv_post,
+                ((d.n_heads + 2 * d.n_kv_heads) as u32, n as u32, 1),
+                128,
+                qkv_args.get(),
             )?;
             // Many tokens: one block per KV head and token (K/V read once per
             // GQA group); few (decode): one per query head, for parallelism.
@@ -2193,26 +2199,26 @@ impl CudaBackend {
                 Arg::P(self.kv_k[g].ptr),
                 Arg::P(self.kv_v[g].ptr),
             ];
-            let att_tail = [
-                Arg::P(self.meta_ptr(ml.positions)),
-                Arg::P(self.meta_ptr(ml.ends)),
-                Arg::P(self.meta_ptr(ml.rowidx)),
-                Arg::P(tables),
-                Arg::I(ml.tstride as i32),
-                Arg::I(self.layout.block_size as i32),
-                Arg::I(nlg as i32),
-                Arg::I(lig as i32),
-                Arg::I(window),
-                Arg::F(d.attn_scale),
-                Arg::F(d.attn_softcap.unwrap_or(0.0)),
-                Arg::P(s.att.ptr),
-                Arg::I(qd as i32),
-            ];
+            let att_tail = ArgList::of(&[
+                &[
+                    Arg::P(self.meta_ptr(ml.positions)),
+                    Arg::P(self.meta_ptr(ml.ends)),
+                    Arg::P(self.meta_ptr(ml.rowidx)),
+                ],
+                &cache,
+                &[
+                    Arg::I(window),
+                    Arg::F(d.attn_scale),
+                    Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                    Arg::P(s.att.ptr),
+                    Arg::I(qd as i32),
+                ],
+            ]);
             let gemm_chunk = chunk.filter(|&p0| {
                 n >= self.att_gemm_min && n <= self.att_gemm_cap && p0 + n <= self.att_gemm_keys
             });
             if let Some(p0) = gemm_chunk {
-                self.attention_gemm(n, p0, window, g, lig, nlg)?;
+                self.attention_gemm(n, p0, window, g, &cache)?;
             } else if n >= self.att_gqa_min
                 && self.row_seqs.len() == 1
                 && d.head_dim <= 128
@@ -2227,7 +2233,7 @@ impl CudaBackend {
                     Arg::I(d.head_dim as i32),
                     Arg::I(group as i32),
                 ];
-                let args = ArgList::of(&[&att_head, &shape, &att_tail]);
+                let args = ArgList::of(&[&att_head, &shape, att_tail.get()]);
                 self.gpu.launch(
                     self.k.attention_tile,
                     (d.n_kv_heads as u32, n.div_ceil(tq) as u32, 1),
@@ -2248,7 +2254,7 @@ impl CudaBackend {
                 // `attention` takes the split scratch too; `attention_g*`
                 // stop before it (a launch reads only its kernel's own).
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
-                let args = ArgList::of(&[&att_head, &shape, &att_tail, &scratch]);
+                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),

@@ -19,9 +19,8 @@ pub fn matmul(
     repacked: bool,
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
-    let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, n * rows)?;
-    let name = r.unwrap_or(name);
+    let p = product_buffers(gpu, ty, w, rows, cols, repacked, x, n * rows)?;
+    let name = p.repacked.unwrap_or(name);
     let (nt, suffix) = match n {
         1 => (1, 1),
         2 => (2, 2),
@@ -33,19 +32,18 @@ pub fn matmul(
         f,
         (rows.div_ceil(4) as u32, n.div_ceil(nt) as u32, 1),
         128,
-        &[
-            Arg::P(dw.ptr),
-            Arg::P(row_bytes as u64),
-            Arg::I(rows as i32),
-            Arg::I(cols as i32),
-            Arg::P(dx.ptr),
-            Arg::I(n as i32),
-            Arg::P(dy.ptr),
-            Arg::I(rows as i32),
-            Arg::P(0),
-        ],
+        &args(
+            &p.w_args,
+            &[
+                Arg::P(p.x.ptr),
+                Arg::I(n as i32),
+                Arg::P(p.y.ptr),
+                Arg::I(rows as i32),
+                Arg::P(0),
+            ],
+        ),
     )?;
-    fetch(gpu, &dy, n * rows)
+    fetch(gpu, &p.y, n * rows)
 }
 
 /// `y[r] = W[r] · x` with the one-token GEMV of `ty` (4 rows per warp).
@@ -59,25 +57,16 @@ pub fn matvec(
     repacked: bool,
 ) -> CuResult<Vec<f32>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
-    let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
-    let name = r.unwrap_or(name);
+    let p = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
+    let name = p.repacked.unwrap_or(name);
     let f = gpu.func(&format!("mv_{name}"))?;
     gpu.launch(
         f,
         (rows.div_ceil(16) as u32, 1, 1),
         128,
-        &[
-            Arg::P(dw.ptr),
-            Arg::P(row_bytes as u64),
-            Arg::I(rows as i32),
-            Arg::I(cols as i32),
-            Arg::P(dx.ptr),
-            Arg::P(dy.ptr),
-            Arg::P(0),
-        ],
+        &args(&p.w_args, &[Arg::P(p.x.ptr), Arg::P(p.y.ptr), Arg::P(0)]),
     )?;
-    fetch(gpu, &dy, rows)
+    fetch(gpu, &p.y, rows)
 }
 
 /// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`.
@@ -202,14 +191,13 @@ pub fn matvec_fast(
     repacked: bool,
 ) -> CuResult<FastMatvec> {
     let float = crate::backend::mvf_type_name(ty);
-    let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy, r) = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
-    let quant = r.or(crate::backend::mvq_type_name(ty));
+    let p = product_buffers(gpu, ty, w, rows, cols, repacked, x, rows)?;
+    let quant = p.repacked.or(crate::backend::mvq_type_name(ty));
     let grid = (rows.div_ceil(8) as u32, 1, 1);
     let mut xq = None;
     if let Some(name) = float {
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-        if row_bytes % 16 != 0 {
+        if p.row_bytes % 16 != 0 {
             return Err(CudaError(format!(
                 "{cols} {ty} values are not a multiple of 16 bytes"
             )));
@@ -219,35 +207,26 @@ pub fn matvec_fast(
             f,
             grid,
             256,
-            &[
-                Arg::P(dw.ptr),
-                Arg::P(row_bytes as u64),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::P(dx.ptr),
-                Arg::P(dy.ptr),
-                Arg::P(0),
-            ],
+            &args(&p.w_args, &[Arg::P(p.x.ptr), Arg::P(p.y.ptr), Arg::P(0)]),
         )?;
     } else if let Some(name) = quant {
         let nb = cols / 32;
-        let (q, d, s) = quantize_q8(gpu, &dx, nb)?;
+        let (q, d, s) = quantize_q8(gpu, &p.x, nb)?;
         let f = gpu.func(&format!("mvq_{name}"))?;
         gpu.launch(
             f,
             (rows.div_ceil(8 * crate::backend::MVQ_ROWS) as u32, 1, 1),
             256,
-            &[
-                Arg::P(dw.ptr),
-                Arg::P(row_bytes as u64),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::P(q.ptr),
-                Arg::P(d.ptr),
-                Arg::P(s.ptr),
-                Arg::P(dy.ptr),
-                Arg::P(0),
-            ],
+            &args(
+                &p.w_args,
+                &[
+                    Arg::P(q.ptr),
+                    Arg::P(d.ptr),
+                    Arg::P(s.ptr),
+                    Arg::P(p.y.ptr),
+                    Arg::P(0),
+                ],
+            ),
         )?;
         let qb: Vec<u8> = fetch(gpu, &q, cols)?;
         xq = Some((
@@ -257,7 +236,7 @@ pub fn matvec_fast(
     } else {
         return Err(CudaError(format!("no fast decode GEMV for {ty}")));
     }
-    Ok((fetch(gpu, &dy, rows)?, xq))
+    Ok((fetch(gpu, &p.y, rows)?, xq))
 }
 
 /// The few-token decode GEMV of `ty` (`mvf_nt_*`, or `x` quantized per token
@@ -273,9 +252,7 @@ pub fn matvec_fast_nt(
     n: usize,
     repacked: bool,
 ) -> CuResult<Vec<f32>> {
-    let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, dx, dy, r) =
-        product_buffers(gpu, ty, w, rows, cols, repacked, &x[..n * cols], n * rows)?;
+    let p = product_buffers(gpu, ty, w, rows, cols, repacked, &x[..n * cols], n * rows)?;
     let grid = (rows.div_ceil(8) as u32, n.div_ceil(8) as u32, 1);
     if let Some(name) = crate::backend::mvf_type_name(ty) {
         let f = gpu.func(&format!("mvf_nt_{name}"))?;
@@ -287,43 +264,41 @@ pub fn matvec_fast_nt(
                 1,
             ),
             256,
-            &[
-                Arg::P(dw.ptr),
-                Arg::P(row_bytes as u64),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::P(dx.ptr),
-                Arg::I(n as i32),
-                Arg::P(dy.ptr),
-                Arg::I(rows as i32),
-                Arg::P(0),
-            ],
+            &args(
+                &p.w_args,
+                &[
+                    Arg::P(p.x.ptr),
+                    Arg::I(n as i32),
+                    Arg::P(p.y.ptr),
+                    Arg::I(rows as i32),
+                    Arg::P(0),
+                ],
+            ),
         )?;
-    } else if let Some(name) = r.or(crate::backend::mvq_type_name(ty)) {
-        let (q, d, s) = quantize_q8(gpu, &dx, n * cols / 32)?;
+    } else if let Some(name) = p.repacked.or(crate::backend::mvq_type_name(ty)) {
+        let (q, d, s) = quantize_q8(gpu, &p.x, n * cols / 32)?;
         let f = gpu.func(&format!("mvq_nt_{name}"))?;
         gpu.launch(
             f,
             grid,
             256,
-            &[
-                Arg::P(dw.ptr),
-                Arg::P(row_bytes as u64),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::P(q.ptr),
-                Arg::P(d.ptr),
-                Arg::P(s.ptr),
-                Arg::I(n as i32),
-                Arg::P(dy.ptr),
-                Arg::I(rows as i32),
-                Arg::P(0),
-            ],
+            &args(
+                &p.w_args,
+                &[
+                    Arg::P(q.ptr),
+                    Arg::P(d.ptr),
+                    Arg::P(s.ptr),
+                    Arg::I(n as i32),
+                    Arg::P(p.y.ptr),
+                    Arg::I(rows as i32),
+                    Arg::P(0),
+                ],
+            ),
         )?;
     } else {
         return Err(CudaError(format!("no fast decode GEMV for {ty}")));
     }
-    fetch(gpu, &dy, n * rows)
+    fetch(gpu, &p.y, n * rows)
 }
 
 /// `nb` blocks of 32 values at `x` quantized by `quantize_q8`: (q, d, s).
@@ -352,10 +327,23 @@ pub fn repacks(ty: GgmlType, cols: usize) -> bool {
     crate::backend::repacked_quant_bytes(ty, cols).is_some()
 }
 
-/// Weights, input and a NaN-filled output of `y_len` floats on the device.
-/// With `repacked`, the weights are rearranged as the backend does at load
-/// and the kernels' name suffix for that layout comes back too (an error
-/// when `ty` or `cols` is not repacked).
+/// A product's device buffers: weights, input, a NaN-filled output.
+struct Product {
+    /// Held so the weights live as long as the product (kernels read them
+    /// through `w_args`).
+    _w: DevBuf,
+    x: DevBuf,
+    y: DevBuf,
+    /// The kernels' name suffix of the repacked layout, when repacked.
+    repacked: Option<&'static str>,
+    row_bytes: usize,
+    /// Every GEMV kernel's first arguments: weights, row bytes, rows, cols.
+    w_args: [Arg; 4],
+}
+
+/// `w`, `x` and `y_len` output floats on the device. With `repacked`, the
+/// weights are rearranged as the backend does at load (an error when `ty` or
+/// `cols` is not repacked).
 #[allow(clippy::too_many_arguments)]
 fn product_buffers(
     gpu: &mut Gpu,
@@ -366,7 +354,7 @@ fn product_buffers(
     repacked: bool,
     x: &[f32],
     y_len: usize,
-) -> CuResult<(DevBuf, DevBuf, DevBuf, Option<&'static str>)> {
+) -> CuResult<Product> {
     gpu.bind()?;
     let dw = DevBuf::from_bytes(w)?;
     let mut suffix = None;
@@ -377,12 +365,26 @@ fn product_buffers(
             _ => return Err(CudaError(format!("{ty} x {cols} is not repacked"))),
         }
     }
-    Ok((
-        dw,
-        DevBuf::from_f32(x)?,
-        DevBuf::from_f32(&vec![f32::NAN; y_len])?,
-        suffix,
-    ))
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    let w_args = [
+        Arg::P(dw.ptr),
+        Arg::P(row_bytes as u64),
+        Arg::I(rows as i32),
+        Arg::I(cols as i32),
+    ];
+    Ok(Product {
+        _w: dw,
+        x: DevBuf::from_f32(x)?,
+        y: DevBuf::from_f32(&vec![f32::NAN; y_len])?,
+        repacked: suffix,
+        row_bytes,
+        w_args,
+    })
+}
+
+/// `w_args` then `rest`.
+fn args(w_args: &[Arg; 4], rest: &[Arg]) -> Vec<Arg> {
+    [&w_args[..], rest].concat()
 }
 
 /// Rows of `w` decoded by the GEMM path's dequantization kernel of `ty`
@@ -396,8 +398,7 @@ pub fn dequant_rows(
     repacked: bool,
 ) -> CuResult<Vec<u16>> {
     let name = kernel_type_name(ty).ok_or_else(|| CudaError(format!("no kernel for {ty}")))?;
-    let row_bytes = cols / ty.block_size() * ty.type_size();
-    let (dw, _, dy, r) = product_buffers(
+    let p = product_buffers(
         gpu,
         ty,
         w,
@@ -407,21 +408,14 @@ pub fn dequant_rows(
         &[0.0],
         (rows * cols).div_ceil(2),
     )?;
-    let f = gpu.func(&format!("deq_{}", r.unwrap_or(name)))?;
+    let f = gpu.func(&format!("deq_{}", p.repacked.unwrap_or(name)))?;
     gpu.launch(
         f,
         ((rows * cols.div_ceil(32)).div_ceil(256) as u32, 1, 1),
         256,
-        &[
-            Arg::P(dw.ptr),
-            Arg::P(row_bytes as u64),
-            Arg::I(rows as i32),
-            Arg::I(cols as i32),
-            Arg::P(dy.ptr),
-            Arg::I(0),
-        ],
+        &args(&p.w_args, &[Arg::P(p.y.ptr), Arg::I(0)]),
     )?;
-    fetch(gpu, &dy, rows * cols)
+    fetch(gpu, &p.y, rows * cols)
 }
 
 /// The first `len` values of `buf`, after everything queued so far.
