@@ -191,7 +191,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
         let sizes: Vec<usize> = match bs {
             1 if ty == GgmlType::F32 => vec![100, 2052],
             1 => vec![72, 2056],
-            32 => vec![96, 2240, 2304],
+            32 => vec![96, 2240, 2304, 4608, 16640],
             _ => vec![512, 2304],
         };
         for cols in sizes {
@@ -1250,6 +1250,117 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// `--gemv-micro [SHAPE/TYPE/KERNEL/ROWS_PER_BLOCK/THREADS ...]`: one-token
+/// GEMV kernels timed over a model shape's layer matrices (random bytes),
+/// chained in one graph as in decode; the whole chain and each matrix
+/// shape's own chain, in µs per token and GB/s. SHAPE: 8b (Llama-3.1-8B
+/// layers) or 1b (Llama-3.2-1B). A kernel taking f32 x is named `mvf_*`.
+fn gemv_micro(cases: &[String]) -> Result<(), String> {
+    const DEFAULT: [&str; 10] = [
+        "8b/q4_0/mvq_q4_0/8/256",
+        "8b/q4_0/mvq_q4_0r/8/256",
+        "8b/q4_0/mvq_q4_0rp/8/256",
+        "8b/q4_0/mvqb_q4_0/1/128",
+        "8b/q4_0/rd_rows/8/256",
+        "8b/q8_0/mvq_q8_0r/8/256",
+        "8b/q4_k/mvq_q4_k/8/256",
+        "8b/bf16/mvf_bf16/8/256",
+        "1b/q4_0/mvq_q4_0/8/256",
+        "1b/q4_0/mvq_q4_0r/8/256",
+    ];
+    let cases: Vec<String> = if cases.is_empty() {
+        DEFAULT.iter().map(|s| s.to_string()).collect()
+    } else {
+        cases.to_vec()
+    };
+    let mut gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    println!("| shape | type | kernel | chain µs | GB/s | µs per matrix (GB/s): qkv / o / gate_up / down |");
+    println!("|---|---|---|---|---|---|");
+    let mut chain: Option<(String, kiln_cuda::testing::GemvChain)> = None;
+    for case in &cases {
+        let f: Vec<&str> = case.split('/').collect();
+        let [shape, ty, kernel, rpb, threads] = f[..] else {
+            return Err(format!(
+                "bad case '{case}' (SHAPE/TYPE/KERNEL/ROWS_PER_BLOCK/THREADS)"
+            ));
+        };
+        let (shapes, layers): (Vec<(usize, usize)>, usize) = match shape {
+            "8b" => (
+                vec![(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+                32,
+            ),
+            "1b" => (
+                vec![(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)],
+                16,
+            ),
+            _ => return Err(format!("unknown shape '{shape}'")),
+        };
+        let gt: GgmlType = match ty {
+            "q4_0" => GgmlType::Q4_0,
+            "q8_0" => GgmlType::Q8_0,
+            "q4_k" => GgmlType::Q4K,
+            "q6_k" => GgmlType::Q6K,
+            "bf16" => GgmlType::BF16,
+            "f16" => GgmlType::F16,
+            _ => return Err(format!("unknown type '{ty}'")),
+        };
+        let key = format!("{shape}/{ty}");
+        if chain.as_ref().is_none_or(|c| c.0 != key) {
+            drop(chain.take()); // free the previous matrices first
+            let rb = |cols: usize| cols / gt.block_size() * gt.type_size();
+            let c = kiln_cuda::testing::GemvChain::new(&mut gpu, &shapes, layers, &rb)
+                .map_err(|e| e.to_string())?;
+            chain = Some((key, c));
+        }
+        let Some((_, c)) = &chain else { continue };
+        let parse = |s: &str| {
+            s.parse::<usize>()
+                .map_err(|_| format!("bad number '{s}' in '{case}'"))
+        };
+        // ROWS_PER_BLOCK "8p4": 8 rows per block, at most 4 blocks per SM.
+        let (rpb, cap) = match rpb.split_once('p') {
+            Some((r, c)) => (parse(r)?, parse(c)? * gpu.info.sms as usize),
+            None => (parse(rpb)?, usize::MAX),
+        };
+        let float = kernel.starts_with("mvf");
+        let t = c.time(
+            &mut gpu,
+            kernel,
+            float,
+            rpb,
+            cap,
+            parse(threads)? as u32,
+            20,
+        );
+        let t = match t {
+            Ok(t) => t,
+            Err(e) => {
+                println!("| {shape} | {ty} | {kernel} | error: {e} | | |");
+                continue;
+            }
+        };
+        let b = c.bytes();
+        let per: Vec<String> = t[1..]
+            .iter()
+            .zip(&b[1..])
+            .map(|(s, b)| {
+                format!(
+                    "{:.1} ({:.0})",
+                    s * 1e6 / layers as f64,
+                    *b as f64 / s / 1e9
+                )
+            })
+            .collect();
+        println!(
+            "| {shape} | {ty} | {kernel} | {:.1} | {:.0} | {} |",
+            t[0] * 1e6,
+            b[0] as f64 / t[0] / 1e9,
+            per.join(" / ")
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bench_on = args.iter().any(|a| a == "--bench");
@@ -1275,6 +1386,13 @@ fn main() {
                 println!("{e}");
                 std::process::exit(1);
             }
+        }
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--gemv-micro") {
+        if let Err(e) = gemv_micro(&args[i + 1..]) {
+            println!("{e}");
+            std::process::exit(1);
         }
         return;
     }
@@ -1352,24 +1470,58 @@ fn repacked_same(
     let same = |a: &[f32], b: &[f32]| {
         a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
     };
-    let mut ok = true;
-    ok &= same(
-        &t::matvec_fast(gpu, ty, w, rows, cols, x, false)?.0,
-        &t::matvec_fast(gpu, ty, w, rows, cols, x, true)?.0,
-    );
-    ok &= same(
-        &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, false)?,
-        &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, true)?,
-    );
-    ok &= same(
-        &t::matvec(gpu, ty, w, rows, cols, x, false)?,
-        &t::matvec(gpu, ty, w, rows, cols, x, true)?,
-    );
-    ok &= same(
-        &t::matmul(gpu, ty, w, rows, cols, xs, 8, false)?,
-        &t::matmul(gpu, ty, w, rows, cols, xs, 8, true)?,
-    );
-    ok &= t::dequant_rows(gpu, ty, w, rows, cols, false)?
-        == t::dequant_rows(gpu, ty, w, rows, cols, true)?;
-    Ok(ok)
+    let checks = [
+        (
+            "one-token 8-bit",
+            same(
+                &t::matvec_fast(gpu, ty, w, rows, cols, x, false)?.0,
+                &t::matvec_fast(gpu, ty, w, rows, cols, x, true)?.0,
+            ),
+        ),
+        (
+            "8-token 8-bit",
+            same(
+                &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, false)?,
+                &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, true)?,
+            ),
+        ),
+        (
+            "one-token f32",
+            same(
+                &t::matvec(gpu, ty, w, rows, cols, x, false)?,
+                &t::matvec(gpu, ty, w, rows, cols, x, true)?,
+            ),
+        ),
+        (
+            "8-token f32",
+            same(
+                &t::matmul(gpu, ty, w, rows, cols, xs, 8, false)?,
+                &t::matmul(gpu, ty, w, rows, cols, xs, 8, true)?,
+            ),
+        ),
+        ("dequantization", {
+            let a = t::dequant_rows(gpu, ty, w, rows, cols, false)?;
+            let b = t::dequant_rows(gpu, ty, w, rows, cols, true)?;
+            let bad: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+            if let (Some(&i), Some(&j)) = (bad.first(), bad.last()) {
+                println!(
+                    "  {} differ, first at row {} col {} ({:#x} vs {:#x}), last at row {} col {}",
+                    bad.len(),
+                    i / cols,
+                    i % cols,
+                    a[i],
+                    b[i],
+                    j / cols,
+                    j % cols
+                );
+            }
+            bad.is_empty()
+        }),
+    ];
+    for (name, ok) in &checks {
+        if !ok {
+            println!("repacked {ty} {rows} x {cols}: {name} differs from the plain layout");
+        }
+    }
+    Ok(checks.iter().all(|c| c.1))
 }

@@ -302,15 +302,15 @@ __device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, 
     }
 }
 
-// ---- Repacked Q8_0 (layer matrices with cols % 256 == 0, rearranged
-// in place on the GPU at load by `repack8`): each run of 8 blocks is stored
-// as their 8 quant arrays (QB = 32 bytes each), then their 8 f16 scales. A
-// block's quants then start 16-byte aligned and are two loads instead of
-// sixteen 2-byte ones. Same bytes per row, same values. Kernel type id:
-// T_REPACKED + the ggml id. (Q4_0 the same way measured 3-10% slower than
-// the prefetching kernel on its 18-byte blocks: docs/BENCHMARKS.md.)
+// ---- Repacked Q4_0 / Q8_0 (layer matrices with cols % 256 == 0,
+// rearranged in place on the GPU at load by `repack8`): each run of 8
+// blocks is stored as their 8 quant arrays (QB = 16 or 32 bytes each), then
+// their 8 f16 scales. A block's quants then start 16-byte aligned and are
+// one or two loads instead of eight or sixteen 2-byte ones. Same bytes per
+// row, same values. Kernel type id: T_REPACKED + the ggml id.
 #define T_REPACKED 48
 #define T_Q8_0R (T_REPACKED + T_Q8_0)
+#define T_Q4_0R (T_REPACKED + T_Q4_0)
 
 template <int QB>
 __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
@@ -319,6 +319,19 @@ __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
 template <int QB>
 __device__ __forceinline__ float r8_d(const u8* row, int u) {
     return ld_h(row + (u >> 3) * (8 * (QB + 2)) + 8 * QB + (u & 7) * 2);
+}
+
+template <>
+__device__ __forceinline__ void unit<T_Q4_0R>(const u8* __restrict__ row, int u, int cols, float* w) {
+    uint4 v = *(const uint4*)r8_q<16>(row, u);
+    float d = r8_d<16>(row, u);
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        w[i] = d * (float)((q & 15) - 8);
+        w[i + 16] = d * (float)((q >> 4) - 8);
+    }
 }
 
 template <>

@@ -88,6 +88,7 @@ pub(crate) const REPACKED: usize = 48;
 /// suffix and the quant bytes per block.
 pub(crate) fn repacked_name(ty: GgmlType) -> Option<(&'static str, usize)> {
     match ty {
+        GgmlType::Q4_0 => Some(("q4_0r", 16)),
         GgmlType::Q8_0 => Some(("q8_0r", 32)),
         _ => None,
     }
@@ -133,6 +134,29 @@ pub(crate) fn repack(
 
 /// Rows per warp of the `mvq_*` kernels.
 pub(crate) const MVQ_ROWS: usize = 1;
+
+/// Widest row the streaming one-token GEMVs (`mvqs*`) stage x for
+/// (MVQS_COLS in gemv.cu), and their threads per block (a row per warp).
+const MVQS_COLS: usize = 16384;
+pub(crate) const MVQS_THREADS: u32 = 512;
+
+/// The 16-byte words per lane in flight of the streaming one-token GEMV
+/// (`mvqs{4,8}_*`) for a repacked matrix of `ty` with `cols` columns, when
+/// that kernel takes it, else None (`mvq_*`). Chosen per shape from
+/// `cuda_check --gemv-micro` (8B / 1B layer matrices on the H100): Q4_0
+/// always (4 words up to 4096 columns: more cost occupancy; 8 beyond), Q8_0
+/// only for long rows (the register-preloading `mvq_q8_0r` is as fast or
+/// faster up to 4096 columns).
+pub(crate) fn mvqs_words(ty: GgmlType, cols: usize) -> Option<usize> {
+    if cols > MVQS_COLS {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4_0 => Some(if cols <= 4096 { 4 } else { 8 }),
+        GgmlType::Q8_0 => (cols > 4096).then_some(8),
+        _ => None,
+    }
+}
 
 /// Batches of up to this many tokens (and fewer than `gemm_min`) use the
 /// decode GEMVs (`mvf_nt_*` / `mvq_nt_*`: the one-token arithmetic, each
@@ -393,6 +417,9 @@ struct Kernels {
     mvf: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// Per repacked type id: the streaming one-token GEMV with 4 and 8
+    /// words per lane in flight ([`mvqs_words`]).
+    mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -437,6 +464,7 @@ impl Kernels {
         let mut deq = vec![None; 64];
         let mut mvf = vec![None; 64];
         let mut mvq = vec![None; 64];
+        let mut mvqs = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
@@ -463,6 +491,10 @@ impl Kernels {
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
                 mvq_nt[id] = Some(gpu.func(&format!("mvq_nt_{n}"))?);
+                mvqs[id] = Some([
+                    gpu.func(&format!("mvqs4_{n}"))?,
+                    gpu.func(&format!("mvqs8_{n}"))?,
+                ]);
             }
         }
         Ok(Kernels {
@@ -470,6 +502,7 @@ impl Kernels {
             mv,
             mvf,
             mvq,
+            mvqs,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
             gather_kv_half: gpu.func("gather_kv_half")?,
@@ -757,10 +790,7 @@ fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<
                 ))
             })?;
             // SAFETY: buf holds `total` bytes; off + n <= total.
-            unsafe {
-                cudarc::driver::result::memcpy_htod_sync(buf.ptr + off as u64, src)
-                    .map_err(|e| CudaError(format!("CUDA upload: {e}")))?;
-            }
+            unsafe { crate::gpu::upload_landed(buf.ptr + off as u64, src)? };
             off += n;
         }
         let h0 = &mats[0];
@@ -1638,6 +1668,16 @@ impl CudaBackend {
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
         let q8 = self.mv_path(n) && self.uses_q8(mat);
         if n == 1 && self.mv_path(1) {
+            let streaming = match (self.k.mvqs[id], mvqs_words(mat.ty, mat.cols)) {
+                (Some(fs), Some(w)) if q8 => Some(fs[usize::from(w == 8)]),
+                _ => None,
+            };
+            if let Some(f) = streaming {
+                let grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32) as u32;
+                return self
+                    .gpu
+                    .launch(f, (grid, 1, 1), MVQS_THREADS, one(&xq).get());
+            }
             if let (true, Some(f)) = (q8, self.k.mvq[id]) {
                 return self
                     .gpu

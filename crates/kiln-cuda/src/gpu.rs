@@ -105,19 +105,15 @@ impl DevBuf {
 
     pub fn from_bytes(data: &[u8]) -> CuResult<DevBuf> {
         let b = DevBuf::alloc(data.len())?;
-        if !data.is_empty() {
-            // SAFETY: b holds at least data.len() bytes.
-            drv("upload", unsafe { dr::memcpy_htod_sync(b.ptr, data) })?;
-        }
+        // SAFETY: b holds at least data.len() bytes.
+        unsafe { upload_landed(b.ptr, data)? };
         Ok(b)
     }
 
     pub fn from_f32(data: &[f32]) -> CuResult<DevBuf> {
         let b = DevBuf::alloc(std::mem::size_of_val(data))?;
-        if !data.is_empty() {
-            // SAFETY: as above.
-            drv("upload", unsafe { dr::memcpy_htod_sync(b.ptr, data) })?;
-        }
+        // SAFETY: as above.
+        unsafe { upload_landed(b.ptr, data)? };
         Ok(b)
     }
 
@@ -125,8 +121,26 @@ impl DevBuf {
         let b = DevBuf::alloc(bytes)?;
         // SAFETY: within the allocation.
         drv("memset", unsafe { dr::memset_d8_sync(b.ptr, 0, b.bytes) })?;
+        // As in upload_landed: the memset runs on the legacy stream.
+        drv("memset", dr::ctx::synchronize())?;
         Ok(b)
     }
+}
+
+/// Copies `src` to device address `dst` and returns once the bytes are
+/// there. cuMemcpyHtoD from pageable memory may return while its DMA is
+/// still running, on the legacy stream, which the backend's non-blocking
+/// stream does not wait for: a kernel queued next (the load-time repacking)
+/// read part of a 37 x 16640 matrix before it had landed (cuda_check).
+///
+/// # Safety
+/// `dst` must hold `size_of_val(src)` bytes.
+pub unsafe fn upload_landed<T>(dst: u64, src: &[T]) -> CuResult<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    drv("upload", unsafe { dr::memcpy_htod_sync(dst, src) })?;
+    drv("upload", dr::ctx::synchronize())
 }
 
 impl Drop for DevBuf {

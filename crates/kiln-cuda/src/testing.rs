@@ -212,11 +212,24 @@ pub fn matvec_fast(
     } else if let Some(name) = quant {
         let nb = cols / 32;
         let (q, d, s) = quantize_q8(gpu, &p.x, nb)?;
-        let f = gpu.func(&format!("mvq_{name}"))?;
+        // The backend's one-token kernel for this matrix.
+        let words = p.repacked.and(crate::backend::mvqs_words(ty, cols));
+        let (f, grid, threads) = match words {
+            Some(w) => {
+                let t = crate::backend::MVQS_THREADS;
+                let f = gpu.func(&format!("mvqs{w}_{name}"))?;
+                (f, rows.div_ceil(t as usize / 32), t)
+            }
+            None => (
+                gpu.func(&format!("mvq_{name}"))?,
+                rows.div_ceil(8 * crate::backend::MVQ_ROWS),
+                256,
+            ),
+        };
         gpu.launch(
             f,
-            (rows.div_ceil(8 * crate::backend::MVQ_ROWS) as u32, 1, 1),
-            256,
+            (grid as u32, 1, 1),
+            threads,
             &args(
                 &p.w_args,
                 &[
@@ -424,4 +437,146 @@ fn fetch<T: Copy + Default>(gpu: &mut Gpu, buf: &DevBuf, len: usize) -> CuResult
     gpu.download_async(&mut v, buf.ptr)?;
     gpu.sync()?;
     Ok(v)
+}
+
+/// One-token GEMVs chained as in decode, for kernel-design A/B runs
+/// (`cuda_check --gemv-micro`): `layers` copies of each (rows, cols) shape
+/// filled with random bytes (the timing does not depend on the values),
+/// then `kernel` launched over them in layer order, captured in one graph
+/// (programmatic dependent launch as in the backend). Returns the seconds
+/// per replay of the whole chain and of each shape's own chain.
+pub struct GemvChain {
+    mats: Vec<Vec<DevBuf>>,
+    shapes: Vec<(usize, usize)>,
+    row_bytes: Vec<usize>,
+    x: DevBuf,
+    xq: DevBuf,
+    xd: DevBuf,
+    xs: DevBuf,
+    y: DevBuf,
+}
+
+impl GemvChain {
+    /// `row_bytes(cols)`: the stored bytes of a row.
+    pub fn new(
+        gpu: &mut Gpu,
+        shapes: &[(usize, usize)],
+        layers: usize,
+        row_bytes: &dyn Fn(usize) -> usize,
+    ) -> CuResult<GemvChain> {
+        gpu.bind()?;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let chunk: Vec<u64> = (0..(8 << 20))
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                // f16 scales from these bytes stay finite: clear each 16-bit
+                // lane's top exponent bit.
+                seed & 0xbfff_bfff_bfff_bfff
+            })
+            .collect();
+        let rb: Vec<usize> = shapes.iter().map(|&(_, c)| row_bytes(c)).collect();
+        let mut mats = Vec::new();
+        for _ in 0..layers {
+            let mut l = Vec::new();
+            for (i, &(rows, _)) in shapes.iter().enumerate() {
+                let bytes = rows * rb[i];
+                let b = DevBuf::alloc(bytes)?;
+                let mut off = 0;
+                while off < bytes {
+                    let n = (bytes - off).min(chunk.len() * 8) / 8;
+                    gpu.upload_async(b.ptr + off as u64, &chunk[..n.max(1)])?;
+                    off += n.max(1) * 8;
+                }
+                l.push(b);
+            }
+            mats.push(l);
+        }
+        let cols = shapes.iter().map(|s| s.1).max().unwrap_or(32);
+        let rows = shapes.iter().map(|s| s.0).max().unwrap_or(1);
+        let xv: Vec<f32> = (0..cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let x = DevBuf::from_f32(&xv)?;
+        let (xq, xd, xs) = quantize_q8(gpu, &x, cols / 32)?;
+        gpu.sync()?;
+        Ok(GemvChain {
+            mats,
+            shapes: shapes.to_vec(),
+            row_bytes: rb,
+            x,
+            xq,
+            xd,
+            xs,
+            y: DevBuf::alloc(rows * 4)?,
+        })
+    }
+
+    /// `float`: the kernel takes f32 x (`mvf_*`), else 8-bit x. Grid:
+    /// ceil(rows / rows_per_block) blocks of `block` threads, at most
+    /// `max_blocks`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time(
+        &self,
+        gpu: &mut Gpu,
+        kernel: &str,
+        float: bool,
+        rows_per_block: usize,
+        max_blocks: usize,
+        block: u32,
+        reps: usize,
+    ) -> CuResult<Vec<f64>> {
+        let f = gpu.func(kernel)?;
+        let mut out = Vec::new();
+        for only in std::iter::once(None).chain((0..self.shapes.len()).map(Some)) {
+            gpu.begin_capture()?;
+            for l in &self.mats {
+                for (i, &(rows, cols)) in self.shapes.iter().enumerate() {
+                    if only.is_some_and(|o| o != i) {
+                        continue;
+                    }
+                    let w = [
+                        Arg::P(l[i].ptr),
+                        Arg::P(self.row_bytes[i] as u64),
+                        Arg::I(rows as i32),
+                        Arg::I(cols as i32),
+                    ];
+                    let xa = if float {
+                        vec![Arg::P(self.x.ptr)]
+                    } else {
+                        vec![
+                            Arg::P(self.xq.ptr),
+                            Arg::P(self.xd.ptr),
+                            Arg::P(self.xs.ptr),
+                        ]
+                    };
+                    let a = args(&w, &[xa, vec![Arg::P(self.y.ptr), Arg::P(0)]].concat());
+                    let grid = rows.div_ceil(rows_per_block).min(max_blocks);
+                    gpu.launch(f, (grid as u32, 1, 1), block, &a)?;
+                }
+            }
+            let g = gpu.end_capture()?;
+            gpu.replay(&g)?;
+            gpu.sync()?;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                gpu.replay(&g)?;
+            }
+            gpu.sync()?;
+            out.push(t.elapsed().as_secs_f64() / reps as f64);
+        }
+        Ok(out)
+    }
+
+    /// The bytes one replay of the whole chain reads, then of each shape's.
+    pub fn bytes(&self) -> Vec<usize> {
+        let per: Vec<usize> = self
+            .shapes
+            .iter()
+            .zip(&self.row_bytes)
+            .map(|(s, rb)| s.0 * rb * self.mats.len())
+            .collect();
+        std::iter::once(per.iter().sum()).chain(per).collect()
+    }
 }
