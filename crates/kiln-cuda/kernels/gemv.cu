@@ -228,8 +228,8 @@ __device__ __forceinline__ float qdot<T_Q8_0>(const u8* __restrict__ row, int u,
     return __fmul_rn(__fmul_rn(ld_h(b), dx), (float)s);
 }
 
-// Repacked Q8_0 (see quant.cu): a block's quants as QW 16-byte words
-// and its f16 scale, loaded into registers (`rload`) apart from the
+// Repacked Q4_0 / Q8_0 (see quant.cu): a block's quants as QW 16-byte
+// words and its f16 scale, loaded into registers (`rload`) apart from the
 // arithmetic (`rdot`), so a lane can have all its blocks in flight at once.
 template <int T>
 struct Rq;
@@ -480,15 +480,16 @@ MVQR(q4_0r, T_Q4_0R)
 // Streaming one-token GEMV for the repacked types (rows of at most
 // MVQS_COLS): the block's 8-bit x staged once in shared memory (its warps
 // read it there instead of each going to L1/L2 per unit: mvqr_impl holds
-// it in registers at 96 per thread for Q4_0), a lane's first WORDS 16-byte
-// words loaded before waiting for x, and each next chunk's loads (later in
-// the row, or in the warp's next row when the grid strides) issued before
-// the current row's reduction. Per lane units in increasing order, as
-// mvq_impl: the same sums. Measured over the 8B shape's layer matrices
-// (`cuda_check --gemv-micro`, H100): Q4_0 2.07 -> 1.61 ms per token
-// (plain-layout mvq_q4_0), where reading the same bytes takes 1.37 ms; one
-// row per warp beat a persistent grid. WORDS = 4 for rows of up to 4096
-// columns (more registers cost occupancy), 8 for longer rows.
+// it in registers at 96 per thread for Q4_0), a lane's first U blocks
+// loaded before waiting for x, and each next chunk's loads (later in the
+// row, or in the warp's next row when the grid strides) issued before the
+// current row's reduction. Per lane units in increasing order, as mvq_impl:
+// the same sums. Measured over the 8B shape's layer matrices (`cuda_check
+// --gemv-micro`, H100): Q4_0 2.07 -> 1.60 ms per token (plain-layout
+// mvq_q4_0), where reading the same bytes takes 1.37 ms; one row per warp
+// beat a persistent grid. U per shape: `mvqs_kernel` in backend.rs. (Q4_K
+// the same way, a lane per pair of units sharing 32 quant bytes, measured
+// 3-8% slower than its mvq_q4_k: docs/BENCHMARKS.md.)
 #define MVQS_COLS 16384
 
 // One token's 8-bit x (cols <= MVQS_COLS) into the block's shared memory.
@@ -501,12 +502,34 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     }
     __syncthreads();
 }
-template <int T, int WORDS>
+
+// Unit u of the staged x as 8 words.
+__device__ __forceinline__ void sx_words(const int4* sq, int u, int* xv) {
+    int4 a = sq[2 * u], b = sq[2 * u + 1];
+    xv[0] = a.x;
+    xv[1] = a.y;
+    xv[2] = a.z;
+    xv[3] = a.w;
+    xv[4] = b.x;
+    xv[5] = b.y;
+    xv[6] = b.z;
+    xv[7] = b.w;
+}
+
+// acc plus unit u against the staged x.
+template <int T>
+__device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, const int4* sq, const float* sd,
+                                      const float* ss) {
+    int xv[8];
+    sx_words(sq, u, xv);
+    return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
+}
+
+template <int T, int U>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
                                           const float* __restrict__ bias) {
-    constexpr int U = WORDS / Rq<T>::QW;
     __shared__ int4 sq[MVQS_COLS / 16];
     __shared__ float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -527,14 +550,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     int u0 = lane;
     while (r < rows) {
 #pragma unroll
-        for (int k = 0; k < U; k++) {
-            int u = u0 + 32 * k;
-            if (u < units) {
-                int4 a = sq[2 * u], b = sq[2 * u + 1];
-                int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                acc = __fadd_rn(acc, rdot<T>(q[k], d[k], xv, sd[u], ss[u]));
-            }
-        }
+        for (int k = 0; k < U; k++)
+            if (u0 + 32 * k < units) acc = racc<T>(acc, q[k], d[k], u0 + 32 * k, sq, sd, ss);
         // The next chunk: later in this row, or the start of the warp's next row.
         int rn = r;
         u0 += 32 * U;
@@ -558,14 +575,16 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 }
 
-#define MVQS(TNAME, T, WORDS)                                                                         \
-    extern "C" __global__ void mvqs##WORDS##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,   \
-                                                     const i8* xq, const float* xd, const float* xs, float* y, \
-                                                     const float* bias) {                              \
-        mvqs_impl<T, WORDS>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                            \
+#define MVQS(TNAME, T, U)                                                                             \
+    extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
+                                                 const i8* xq, const float* xd, const float* xs, float* y, \
+                                                 const float* bias) {                                  \
+        mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }
+MVQS(q4_0r, T_Q4_0R, 2)
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
+MVQS(q8_0r, T_Q8_0R, 2)
 MVQS(q8_0r, T_Q8_0R, 4)
 MVQS(q8_0r, T_Q8_0R, 8)
 

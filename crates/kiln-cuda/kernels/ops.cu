@@ -342,11 +342,19 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         u64 at = (((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
         const float* kp = kc + at;
         const float* vp = vc + at;
+        // V loaded with K: one memory round trip per position, not two.
+        float kv[ATT_DPL], vv[ATT_DPL];
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            kv[i] = d < hd ? kp[d] : 0.0f;
+            vv[i] = d < hd ? vp[d] : 0.0f;
+        }
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) s += qv[i] * kp[d];
+            if (d < hd) s += qv[i] * kv[i];
         }
         s = warp_sum(s) * scale;
         if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
@@ -357,7 +365,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
 #pragma unroll
         for (int i = 0; i < ATT_DPL; i++) {
             int d = lane + 32 * i;
-            acc[i] = acc[i] * corr + (d < hd ? e * vp[d] : 0.0f);
+            acc[i] = acc[i] * corr + (d < hd ? e * vv[i] : 0.0f);
         }
         m = mn;
     }
@@ -412,26 +420,36 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     __syncwarp();
     if (!last) return;
     __threadfence();
+    // The S partials (S <= 32): lane k loads slice k's (M, L), every weight
+    // exp(M_k - GM) is computed once and passed by shuffles, and the loads
+    // of the outputs depend on nothing loaded before them. (Walking the
+    // slices with dependent volatile loads was ~12 us of serial L2 round
+    // trips per call: attention cost 18-26 us a layer.) L2 loads (__ldcg):
+    // this SM's L1 may hold the slots from an earlier launch.
     const float* base = part + pair * S * (hd + 2);
-    float GM = -INFINITY;
-    for (int k = 0; k < S; k++) GM = fmaxf(GM, ((volatile const float*)base)[k * (hd + 2)]);
+    float mk = lane < S ? __ldcg(base + lane * (hd + 2)) : -INFINITY;
+    float lk = lane < S ? __ldcg(base + lane * (hd + 2) + 1) : 0.0f;
+    float GM = warp_max(mk);
+    float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
     float GL = 0.0f;
-    for (int k = 0; k < S; k++) {
-        float mk = ((volatile const float*)base)[k * (hd + 2)];
-        if (mk != -INFINITY) GL += ((volatile const float*)base)[k * (hd + 2) + 1] * __expf(mk - GM);
-    }
+    for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
     float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
+    float os[ATT_DPL];
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) os[i] = 0.0f;
+#pragma unroll 16
+    for (int k = 0; k < S; k++) {
+        float w = __shfl_sync(0xffffffffu, wk, k);
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) os[i] += __ldcg(base + k * (hd + 2) + 2 + d) * w;
+        }
+    }
 #pragma unroll
     for (int i = 0; i < ATT_DPL; i++) {
         int d = lane + 32 * i;
-        if (d < hd) {
-            float s = 0.0f;
-            for (int k = 0; k < S; k++) {
-                float mk = ((volatile const float*)base)[k * (hd + 2)];
-                if (mk != -INFINITY) s += ((volatile const float*)base)[k * (hd + 2) + 2 + d] * __expf(mk - GM);
-            }
-            o[d] = s * invL;
-        }
+        if (d < hd) o[d] = os[i] * invL;
     }
     if (lane == 0) counters[pair] = 0;
 }

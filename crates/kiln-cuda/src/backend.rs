@@ -140,20 +140,34 @@ pub(crate) const MVQ_ROWS: usize = 1;
 const MVQS_COLS: usize = 16384;
 pub(crate) const MVQS_THREADS: u32 = 512;
 
-/// The 16-byte words per lane in flight of the streaming one-token GEMV
-/// (`mvqs{4,8}_*`) for a repacked matrix of `ty` with `cols` columns, when
-/// that kernel takes it, else None (`mvq_*`). Chosen per shape from
-/// `cuda_check --gemv-micro` (8B / 1B layer matrices on the H100): Q4_0
-/// always (4 words up to 4096 columns: more cost occupancy; 8 beyond), Q8_0
-/// only for long rows (the register-preloading `mvq_q8_0r` is as fast or
-/// faster up to 4096 columns).
-pub(crate) fn mvqs_words(ty: GgmlType, cols: usize) -> Option<usize> {
+/// The matrices the streaming one-token GEMV (`mvqs{U}_*` in gemv.cu)
+/// takes: kernel-table index and name suffix.
+fn mvqs_types() -> [(usize, &'static str); 2] {
+    [
+        (REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r"),
+        (REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r"),
+    ]
+}
+
+/// Blocks per lane in flight (U) and the kernels' name suffix of the
+/// streaming one-token GEMV for a matrix of `ty` with `cols` columns
+/// (`repacked`: in the repacked layout), when that kernel takes it, else
+/// None (`mvq_*`). Chosen per shape from `cuda_check --gemv-micro` (8B / 1B
+/// layer matrices on the H100) and decode tok/s: Q4_0 always, 4 blocks up
+/// to 4096 columns (more cost occupancy), 8 beyond; Q8_0 only past 8192
+/// columns, 4 blocks (the register-preloading `mvq_q8_0r` decoded the 1B
+/// shape faster in place: 922 against 884 tok/s, 8B 213 against 221).
+pub(crate) fn mvqs_kernel(
+    ty: GgmlType,
+    repacked: bool,
+    cols: usize,
+) -> Option<(usize, &'static str)> {
     if cols > MVQS_COLS {
         return None;
     }
-    match ty {
-        GgmlType::Q4_0 => Some(if cols <= 4096 { 4 } else { 8 }),
-        GgmlType::Q8_0 => (cols > 4096).then_some(8),
+    match (ty, repacked) {
+        (GgmlType::Q4_0, true) => Some((if cols <= 4096 { 4 } else { 8 }, "q4_0r")),
+        (GgmlType::Q8_0, true) => (cols > 8192).then_some((4, "q8_0r")),
         _ => None,
     }
 }
@@ -417,9 +431,9 @@ struct Kernels {
     mvf: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
-    /// Per repacked type id: the streaming one-token GEMV with 4 and 8
-    /// words per lane in flight ([`mvqs_words`]).
-    mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// Per kernel-table index: the streaming one-token GEMV with 2, 4 and 8
+    /// items per lane in flight ([`mvqs_kernel`]).
+    mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 3]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -491,11 +505,14 @@ impl Kernels {
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
                 mvq_nt[id] = Some(gpu.func(&format!("mvq_nt_{n}"))?);
-                mvqs[id] = Some([
-                    gpu.func(&format!("mvqs4_{n}"))?,
-                    gpu.func(&format!("mvqs8_{n}"))?,
-                ]);
             }
+        }
+        for (id, n) in mvqs_types() {
+            mvqs[id] = Some([
+                gpu.func(&format!("mvqs2_{n}"))?,
+                gpu.func(&format!("mvqs4_{n}"))?,
+                gpu.func(&format!("mvqs8_{n}"))?,
+            ]);
         }
         Ok(Kernels {
             mm,
@@ -1275,7 +1292,11 @@ impl CudaBackend {
             )));
         }
 
-        let k = Kernels::load(&mut gpu)?;
+        let mut k = Kernels::load(&mut gpu)?;
+        // A/B switch: the earlier one-token kernels instead of the streaming ones.
+        if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
+            k.mvqs.iter_mut().for_each(|f| *f = None);
+        }
 
         // Weights.
         let embd_h = HostMat::load(m, "token_embd.weight", vocab, hid)?;
@@ -1623,6 +1644,15 @@ impl CudaBackend {
         )
     }
 
+    /// The streaming one-token GEMV for `mat` when it takes `n` tokens.
+    fn streaming(&self, mat: &DMat, n: usize) -> Option<cudarc::driver::sys::CUfunction> {
+        let id = mat.kernel;
+        let fs = self.k.mvqs[id].filter(|_| n == 1 && self.mv_path(1) && self.uses_q8(mat))?;
+        let (u, _) = mvqs_kernel(mat.ty, id >= REPACKED, mat.cols)?;
+        // U = 2, 4, 8: kernels 0, 1, 2.
+        Some(fs[u.trailing_zeros() as usize - 1])
+    }
+
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
     /// One-token products of quantized weights read `s.xq`, which the caller
     /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
@@ -1668,11 +1698,7 @@ impl CudaBackend {
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
         let q8 = self.mv_path(n) && self.uses_q8(mat);
         if n == 1 && self.mv_path(1) {
-            let streaming = match (self.k.mvqs[id], mvqs_words(mat.ty, mat.cols)) {
-                (Some(fs), Some(w)) if q8 => Some(fs[usize::from(w == 8)]),
-                _ => None,
-            };
-            if let Some(f) = streaming {
+            if let Some(f) = self.streaming(mat, n) {
                 let grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32) as u32;
                 return self
                     .gpu

@@ -194,6 +194,10 @@ pub struct Gpu {
     /// kernels wrote, so only work that needs nothing from them (the
     /// GEMVs' weight prefetch, launch and block scheduling) overlaps.
     pub pdl: bool,
+    /// Kernels launched twice each time (`$KILN_CUDA_TWICE`, comma-separated
+    /// names): what one more launch of a kernel costs in place, for
+    /// profiling without hardware counters. Outputs are then wrong.
+    twice: Vec<sys::CUfunction>,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -453,6 +457,13 @@ impl Gpu {
             kernels: how,
             cubin_path,
         };
+        let twice = std::env::var("KILN_CUDA_TWICE")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|n| CString::new(n.trim()).ok())
+            // SAFETY: module is live.
+            .filter_map(|c| unsafe { dr::module::get_function(module, c) }.ok())
+            .collect();
         Ok(Gpu {
             info,
             ctx,
@@ -462,6 +473,7 @@ impl Gpu {
             funcs: HashMap::new(),
             profile: std::cell::RefCell::new(None),
             pdl: cc.0 >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
+            twice,
         })
     }
 
@@ -548,9 +560,28 @@ impl Gpu {
             }
             _ => None,
         };
+        if self.twice.contains(&f) {
+            self.launch_once(f, grid, block, cluster, &mut ptrs[..args.len()])?;
+        }
+        let r = self.launch_once(f, grid, block, cluster, &mut ptrs[..args.len()]);
+        if let Some(ev) = timed {
+            // SAFETY: live event and stream.
+            drv("event", unsafe { dr::event::record(ev, self.stream) })?;
+        }
+        r
+    }
+
+    fn launch_once(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        cluster: u32,
+        ptrs: &mut [*mut c_void],
+    ) -> CuResult<()> {
         // SAFETY: the arguments match the kernel's parameters (checked by
         // the callers' construction); slots outlive the call.
-        let r = if self.pdl || cluster > 1 {
+        if self.pdl || cluster > 1 {
             let none = sys::CUlaunchAttribute_st {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_IGNORE,
                 pad: [0; 4],
@@ -589,21 +620,9 @@ impl Gpu {
             })
         } else {
             drv("kernel launch", unsafe {
-                dr::launch_kernel(
-                    f,
-                    grid,
-                    (block, 1, 1),
-                    0,
-                    self.stream,
-                    &mut ptrs[..args.len()],
-                )
+                dr::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, ptrs)
             })
-        };
-        if let Some(ev) = timed {
-            // SAFETY: live event and stream.
-            drv("event", unsafe { dr::event::record(ev, self.stream) })?;
         }
-        r
     }
 
     /// Starts timing every launch with events (up to `max` launches).

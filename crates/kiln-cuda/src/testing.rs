@@ -213,11 +213,11 @@ pub fn matvec_fast(
         let nb = cols / 32;
         let (q, d, s) = quantize_q8(gpu, &p.x, nb)?;
         // The backend's one-token kernel for this matrix.
-        let words = p.repacked.and(crate::backend::mvqs_words(ty, cols));
-        let (f, grid, threads) = match words {
-            Some(w) => {
+        let streaming = crate::backend::mvqs_kernel(ty, p.repacked.is_some(), cols);
+        let (f, grid, threads) = match streaming {
+            Some((u, n)) => {
                 let t = crate::backend::MVQS_THREADS;
-                let f = gpu.func(&format!("mvqs{w}_{name}"))?;
+                let f = gpu.func(&format!("mvqs{u}_{n}"))?;
                 (f, rows.div_ceil(t as usize / 32), t)
             }
             None => (
