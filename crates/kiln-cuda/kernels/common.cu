@@ -19,7 +19,10 @@ typedef unsigned long long u64;
 // was launched without it): `pdl_wait` blocks until the kernels before this
 // one have finished and their writes are visible; `pdl_launch` lets the next
 // kernel start its blocks. Every kernel calls PDL_ENTRY() first, except the
-// GEMVs, which prefetch their (never written) weights before waiting.
+// GEMVs, which prefetch their (never written) weights before waiting, and
+// `attention`, which first loads cache rows no kernel of the step writes.
+// (A kernel that has passed pdl_wait has seen every kernel before it
+// finish, so when this one starts only the one just before may still run.)
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

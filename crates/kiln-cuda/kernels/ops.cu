@@ -309,7 +309,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
                                      int n_heads, int n_kv, int hd, const u32* positions,
                                      const u32* ends, const u32* rowidx, const u32* tables,
                                      int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride, float* part, u32* counters) { PDL_ENTRY();
+                                     float softcap, float* out, int ostride, float* part, u32* counters) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
     __shared__ int last;
@@ -328,6 +328,24 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         start = s0;
     }
     const u32* table = tables + (u64)rowidx[t] * tstride;
+    // Before waiting for the kernels before this one: the step's metadata
+    // and block tables come from the host, and the cache rows of positions
+    // no token of this step writes (this step's tokens of a sequence are
+    // its last n at most) were written by finished steps. So the warp's
+    // first position's K and V are loaded while qkv_post still runs.
+    int p0 = start + warp;
+    bool pre = p0 < end && p0 + (int)gridDim.y <= (int)pos;
+    float k0[ATT_DPL], v0[ATT_DPL];
+    if (pre) {
+        u64 at = (((u64)table[p0 / bs] * nlg + lig) * bs + p0 % bs) * kvd + (u64)kh * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            k0[i] = d < hd ? kc[at + d] : 0.0f;
+            v0[i] = d < hd ? vc[at + d] : 0.0f;
+        }
+    }
+    PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
     float qv[ATT_DPL], acc[ATT_DPL];
 #pragma unroll
@@ -337,18 +355,23 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p = start + warp; p < end; p += ATT_WARPS) {
-        u32 blk = table[p / bs];
-        u64 at = (((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
-        const float* kp = kc + at;
-        const float* vp = vc + at;
+    for (int p = p0; p < end; p += ATT_WARPS) {
         // V loaded with K: one memory round trip per position, not two.
         float kv[ATT_DPL], vv[ATT_DPL];
+        if (p == p0 && pre) {
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
-            int d = lane + 32 * i;
-            kv[i] = d < hd ? kp[d] : 0.0f;
-            vv[i] = d < hd ? vp[d] : 0.0f;
+            for (int i = 0; i < ATT_DPL; i++) {
+                kv[i] = k0[i];
+                vv[i] = v0[i];
+            }
+        } else {
+            u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) {
+                int d = lane + 32 * i;
+                kv[i] = d < hd ? kc[at + d] : 0.0f;
+                vv[i] = d < hd ? vc[at + d] : 0.0f;
+            }
         }
         float s = 0.0f;
 #pragma unroll
