@@ -269,9 +269,24 @@ DEQ(q5_k, T_Q5_K)
 DEQ(q6_k, T_Q6_K)
 
 // y[i] = x[i] as 16-bit floats. grid-stride; block: 256.
+// Eight values per thread step (two 16-byte loads, one 16-byte store) when
+// both pointers are 16-byte aligned: one value per thread ran at 0.9 TB/s.
 extern "C" __global__ void to_half(const float* __restrict__ x, u64 n, u16* __restrict__ y, int fmt) { PDL_ENTRY();
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        y[i] = f2half(x[i], fmt);
+    u64 start = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
+    u64 head = 0;
+    if ((((u64)x | (u64)y) & 15) == 0) {
+        head = n / 8 * 8;
+        for (u64 c = start; c < n / 8; c += step) {
+            float4 a = __ldg((const float4*)x + 2 * c), b = __ldg((const float4*)x + 2 * c + 1);
+            uint4 o;
+            o.x = (u32)f2half(a.x, fmt) | ((u32)f2half(a.y, fmt) << 16);
+            o.y = (u32)f2half(a.z, fmt) | ((u32)f2half(a.w, fmt) << 16);
+            o.z = (u32)f2half(b.x, fmt) | ((u32)f2half(b.y, fmt) << 16);
+            o.w = (u32)f2half(b.z, fmt) | ((u32)f2half(b.w, fmt) << 16);
+            ((uint4*)y)[c] = o;
+        }
+    }
+    for (u64 i = head + start; i < n; i += step) y[i] = f2half(x[i], fmt);
 }
 
 // y[t][r] += bias[r] for t < n, r < rows. grid-stride; block: 256.

@@ -1778,9 +1778,10 @@ impl CudaBackend {
                 .xh
                 .as_ref()
                 .ok_or_else(|| CudaError("no GEMM scratch".into()))?;
+            // to_half converts 8 values per thread step.
             self.gpu.launch(
                 self.k.to_half,
-                grid(n * cols),
+                grid((n * cols).div_ceil(8)),
                 256,
                 &[
                     Arg::P(x),
@@ -1931,7 +1932,7 @@ impl CudaBackend {
         let total = n * qkv_dim;
         self.gpu.launch(
             self.k.to_half,
-            (total.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+            (total.div_ceil(8 * 256).clamp(1, 65535) as u32, 1, 1),
             256,
             &[
                 Arg::P(self.s.qkv.ptr),
