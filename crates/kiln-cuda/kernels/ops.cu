@@ -305,13 +305,15 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 // 3.1 us kernel it saved: docs/BENCHMARKS.md.)
 #define ATT_WARPS 4
 #define ATT_DPL 8
-extern "C" __global__ void attention(const float* q, int qstride, const float* kc, const float* vc,
-                                     int n_heads, int n_kv, int hd, const u32* positions,
-                                     const u32* ends, const u32* rowidx, const u32* tables,
-                                     int tstride, int bs, int nlg, int lig, int window, float scale,
-                                     float softcap, float* out, int ostride, float* part, u32* counters) {
+#define ATT_PRE 2
+template <int DPL>
+__device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
+                                               int n_heads, int n_kv, int hd, const u32* positions,
+                                               const u32* ends, const u32* rowidx, const u32* tables,
+                                               int tstride, int bs, int nlg, int lig, int window, float scale,
+                                               float softcap, float* out, int ostride, float* part, u32* counters) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
-    __shared__ float sacc[ATT_WARPS][ATT_DPL * 32];
+    __shared__ float sacc[ATT_WARPS][DPL * 32];
     __shared__ int last;
     int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sp = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -333,41 +335,53 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     // no token of this step writes (this step's tokens of a sequence are
     // its last n at most) were written by finished steps. So the warp's
     // first position's K and V are loaded while qkv_post still runs.
+    // Its first ATT_PRE positions, in fact (two: a 16-slice split of a few
+    // hundred positions gives each warp one to four).
     int p0 = start + warp;
-    bool pre = p0 < end && p0 + (int)gridDim.y <= (int)pos;
-    float k0[ATT_DPL], v0[ATT_DPL];
-    if (pre) {
-        u64 at = (((u64)table[p0 / bs] * nlg + lig) * bs + p0 % bs) * kvd + (u64)kh * hd;
+    bool pre[ATT_PRE];
+    float k0[ATT_PRE][DPL], v0[ATT_PRE][DPL];
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
-            int d = lane + 32 * i;
-            k0[i] = d < hd ? kc[at + d] : 0.0f;
-            v0[i] = d < hd ? vc[at + d] : 0.0f;
+    for (int j = 0; j < ATT_PRE; j++) {
+        int p = p0 + j * ATT_WARPS;
+        pre[j] = p < end && p + (int)gridDim.y <= (int)pos;
+        if (pre[j]) {
+            u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                k0[j][i] = d < hd ? kc[at + d] : 0.0f;
+                v0[j][i] = d < hd ? vc[at + d] : 0.0f;
+            }
         }
     }
     PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
-    float qv[ATT_DPL], acc[ATT_DPL];
+    float qv[DPL], acc[DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) {
+    for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
         qv[i] = d < hd ? qh[d] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p = p0; p < end; p += ATT_WARPS) {
+    for (int p = p0, it = 0; p < end; p += ATT_WARPS, it++) {
         // V loaded with K: one memory round trip per position, not two.
-        float kv[ATT_DPL], vv[ATT_DPL];
-        if (p == p0 && pre) {
+        float kv[DPL], vv[DPL];
+        bool had = false;
 #pragma unroll
-            for (int i = 0; i < ATT_DPL; i++) {
-                kv[i] = k0[i];
-                vv[i] = v0[i];
+        for (int j = 0; j < ATT_PRE; j++)
+            if (it == j && pre[j]) {
+                had = true;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    kv[i] = k0[j][i];
+                    vv[i] = v0[j][i];
+                }
             }
-        } else {
+        if (!had) {
             u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
 #pragma unroll
-            for (int i = 0; i < ATT_DPL; i++) {
+            for (int i = 0; i < DPL; i++) {
                 int d = lane + 32 * i;
                 kv[i] = d < hd ? kc[at + d] : 0.0f;
                 vv[i] = d < hd ? vc[at + d] : 0.0f;
@@ -375,7 +389,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         }
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
+        for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             if (d < hd) s += qv[i] * kv[i];
         }
@@ -386,7 +400,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         float e = __expf(s - mn);
         l = l * corr + e;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
+        for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             acc[i] = acc[i] * corr + (d < hd ? e * vv[i] : 0.0f);
         }
@@ -397,7 +411,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
         sl[warp] = l;
     }
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
+    for (int i = 0; i < DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
     if (warp != 0) return;
     float M = -INFINITY;
@@ -412,7 +426,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     if (S == 1) {
         float invL = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
+        for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             if (d < hd) {
                 float s = 0.0f;
@@ -426,7 +440,7 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     u64 pair = (u64)t * n_heads + h;
     float* pp = part + (pair * S + sp) * (hd + 2);
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) {
+    for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
         if (d < hd) {
             float s = 0.0f;
@@ -457,25 +471,40 @@ extern "C" __global__ void attention(const float* q, int qstride, const float* k
     float GL = 0.0f;
     for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
     float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
-    float os[ATT_DPL];
+    float os[DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) os[i] = 0.0f;
+    for (int i = 0; i < DPL; i++) os[i] = 0.0f;
 #pragma unroll 16
     for (int k = 0; k < S; k++) {
         float w = __shfl_sync(0xffffffffu, wk, k);
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
+        for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             if (d < hd) os[i] += __ldcg(base + k * (hd + 2) + 2 + d) * w;
         }
     }
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) {
+    for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
         if (d < hd) o[d] = os[i] * invL;
     }
     if (lane == 0) counters[pair] = 0;
 }
+
+// Head dims up to 32 * DPL (the backend picks the smallest): registers
+// sized for the head, not for 256.
+#define ATTENTION(DPL)                                                                                 \
+    extern "C" __global__ void attention_d##DPL(                                                       \
+        const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters) {                                                                               \
+        attention_impl<DPL>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, \
+                            bs, nlg, lig, window, scale, softcap, out, ostride, part, counters);       \
+    }
+ATTENTION(2)
+ATTENTION(4)
+ATTENTION(8)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).

@@ -445,7 +445,8 @@ struct Kernels {
     add_norm_cl: cudarc::driver::sys::CUfunction,
     gather_norm: cudarc::driver::sys::CUfunction,
     qkv_post: cudarc::driver::sys::CUfunction,
-    attention: cudarc::driver::sys::CUfunction,
+    /// Decode attention for head dims up to 64, 128, 256 (`attention_d2/4/8`).
+    attention: [cudarc::driver::sys::CUfunction; 3],
     /// Attention sharing K/V loads among 2, 4, 8 query heads per KV head.
     attention_gqa: [cudarc::driver::sys::CUfunction; 3],
     attention_tile: cudarc::driver::sys::CUfunction,
@@ -530,7 +531,11 @@ impl Kernels {
             add_norm_cl: gpu.func("add_norm_cl")?,
             gather_norm: gpu.func("gather_norm")?,
             qkv_post: gpu.func("qkv_post")?,
-            attention: gpu.func("attention")?,
+            attention: [
+                gpu.func("attention_d2")?,
+                gpu.func("attention_d4")?,
+                gpu.func("attention_d8")?,
+            ],
             attention_gqa: [
                 gpu.func("attention_g2")?,
                 gpu.func("attention_g4")?,
@@ -2308,10 +2313,16 @@ impl CudaBackend {
                     args.get(),
                 )?;
             } else {
+                // Registers sized for the head: dims up to 64, 128, 256.
+                let att_dec = self.k.attention[match d.head_dim {
+                    0..=64 => 0,
+                    65..=128 => 1,
+                    _ => 2,
+                }];
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
-                    None if n <= self.att_split_tokens => (self.k.attention, d.n_heads, split),
-                    None => (self.k.attention, d.n_heads, 1),
+                    None if n <= self.att_split_tokens => (att_dec, d.n_heads, split),
+                    None => (att_dec, d.n_heads, 1),
                 };
                 let shape = [
                     Arg::I(d.n_heads as i32),
