@@ -19,8 +19,9 @@ typedef unsigned long long u64;
 // was launched without it): `pdl_wait` blocks until the kernels before this
 // one have finished and their writes are visible; `pdl_launch` lets the next
 // kernel start its blocks. Every kernel calls PDL_ENTRY() first, except the
-// GEMVs, which prefetch their (never written) weights before waiting, and
-// `attention`, which first loads cache rows no kernel of the step writes.
+// GEMVs, which prefetch their (never written) weights before waiting,
+// `attention`, which first loads cache rows no kernel of the step writes, and
+// `add_norm*`, which first loads the norm weights and the residual row.
 // (A kernel that has passed pdl_wait has seen every kernel before it
 // finish, so when this one starts only the one just before may still run.)
 __device__ __forceinline__ void pdl_wait() {

@@ -25,13 +25,19 @@ __device__ __forceinline__ void norm_stats(const float* v, int n, int kind, floa
     *inv = 1.0 / sqrt(var + (double)eps);
 }
 
-__device__ __forceinline__ float norm_one(float v, int i, int kind, double mean, double inv, float finv,
-                                          const float* w, const float* b) {
+// With the weight and bias values given (1 and 0 without them).
+__device__ __forceinline__ float norm_val(float v, int kind, double mean, double inv, float finv, float w,
+                                          float b) {
     if (kind == NORM_LAYER) {
         float nv = (float)(((double)v - mean) * inv);
-        return nv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+        return nv * w + b;
     }
-    return v * finv * (w ? w[i] : 1.0f);
+    return v * finv * w;
+}
+
+__device__ __forceinline__ float norm_one(float v, int i, int kind, double mean, double inv, float finv,
+                                          const float* w, const float* b) {
+    return norm_val(v, kind, mean, inv, finv, w ? w[i] : 1.0f, b ? b[i] : 0.0f);
 }
 
 // Sum over the thread-block cluster (sm_90; the block itself before): the
@@ -129,8 +135,22 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
                                               int kind, i8* q, float* qd, float* qs, int t, int base, int len) {
     float* xr = x + (u64)t * hid + base;
     double mean, inv;
-    float xv[AN_V];
-    load_regs(xr, len, xv);
+    // Before waiting for the kernel before this one (it writes y): the
+    // norm's weights, and with y also x, last written by an add_norm at least
+    // three kernels back (a kernel past its wait has seen every kernel
+    // before it finish). One dependent round trip fewer after the wait.
+    float xv[AN_V], wv[AN_V], bv[AN_V];
+    if (y) load_regs(xr, len, xv);
+    if (w) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            wv[k] = i < len ? w[base + i] : 1.0f;
+            bv[k] = i < len && b ? b[base + i] : 0.0f;
+        }
+    }
+    PDL_ENTRY();
+    if (!y) load_regs(xr, len, xv);
     if (y) {
         float yv[AN_V];
         load_regs(y + (u64)t * hid + base, len, yv);
@@ -161,7 +181,7 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
         for (int k = 0; k < AN_V; k++) {
             int i = threadIdx.x + k * blockDim.x;
             if (i < len) {
-                float v = norm_one(xv[k], base + i, kind, mean, inv, finv, w, b);
+                float v = norm_val(xv[k], kind, mean, inv, finv, wv[k], bv[k]);
                 o[i] = v;
                 // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
                 if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + ((base + i) >> 5), q, qd, qs);
@@ -172,7 +192,7 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
 
 extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
-                                    int kind, i8* q, float* qd, float* qs) { PDL_ENTRY();
+                                    int kind, i8* q, float* qd, float* qs) {
     int t = blockIdx.x;
     float* xr = x + (u64)t * hid;
     double mean, inv;
@@ -180,6 +200,7 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
         add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, t, 0, hid);
         return;
     }
+    PDL_ENTRY();
     if (y) {
         const float* yr = y + (u64)t * hid;
         if (pw) {
@@ -208,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
 
 extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const float* y, const float* pw,
                                     const float* pb, const float* w, const float* b, float* out, int hid,
-                                    float eps, int kind, i8* q, float* qd, float* qs) { PDL_ENTRY();
+                                    float eps, int kind, i8* q, float* qd, float* qs) {
     int len = hid / gridDim.x;
     add_norm_regs<true>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, blockIdx.y, blockIdx.x * len, len);
 }
