@@ -134,10 +134,8 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, int nblocks,
     quant_q8_warp(x[(u64)b * 32 + lane], lane, (u64)b, q, d, s);
 }
 
-// Block b of the 8-bit activations (32 values) as 8 words.
-__device__ __forceinline__ void ld_xq(const i8* __restrict__ xq, u64 b, int* xv) {
-    const int4* p = (const int4*)(xq + b * 32);
-    int4 a = __ldg(p), c = __ldg(p + 1);
+// A block of 32 8-bit activations (two 16-byte words) as 8 words.
+__device__ __forceinline__ void xq_words(int4 a, int4 c, int* xv) {
     xv[0] = a.x;
     xv[1] = a.y;
     xv[2] = a.z;
@@ -146,6 +144,12 @@ __device__ __forceinline__ void ld_xq(const i8* __restrict__ xq, u64 b, int* xv)
     xv[5] = c.y;
     xv[6] = c.z;
     xv[7] = c.w;
+}
+
+// Block b of the 8-bit activations (32 values) as 8 words.
+__device__ __forceinline__ void ld_xq(const i8* __restrict__ xq, u64 b, int* xv) {
+    const int4* p = (const int4*)(xq + b * 32);
+    xq_words(__ldg(p), __ldg(p + 1), xv);
 }
 
 // Σ over unit u of a row: w · x, where x = dx * xv (xv: the unit's 32 int8
@@ -277,20 +281,23 @@ __device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int*
     return __fmul_rn(h2f(d), __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
 }
 
+// qdot of a repacked type: its registers loaded, then rdot.
+template <int T>
+__device__ __forceinline__ float rqdot(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
+    uint4 q[Rq<T>::QW];
+    u16 d;
+    rload<T>(row, u, q, &d);
+    return rdot<T>(q, d, xv, dx, sx);
+}
+
 template <>
 __device__ __forceinline__ float qdot<T_Q4_0R>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
-    uint4 q[1];
-    u16 d;
-    rload<T_Q4_0R>(row, u, q, &d);
-    return rdot<T_Q4_0R>(q, d, xv, dx, sx);
+    return rqdot<T_Q4_0R>(row, u, xv, dx, sx);
 }
 
 template <>
 __device__ __forceinline__ float qdot<T_Q8_0R>(const u8* __restrict__ row, int u, const int* xv, float dx, float sx) {
-    uint4 q[2];
-    u16 d;
-    rload<T_Q8_0R>(row, u, q, &d);
-    return rdot<T_Q8_0R>(q, d, xv, dx, sx);
+    return rqdot<T_Q8_0R>(row, u, xv, dx, sx);
 }
 
 // get_scale_min_k4 as integers.
@@ -503,25 +510,12 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
-// Unit u of the staged x as 8 words.
-__device__ __forceinline__ void sx_words(const int4* sq, int u, int* xv) {
-    int4 a = sq[2 * u], b = sq[2 * u + 1];
-    xv[0] = a.x;
-    xv[1] = a.y;
-    xv[2] = a.z;
-    xv[3] = a.w;
-    xv[4] = b.x;
-    xv[5] = b.y;
-    xv[6] = b.z;
-    xv[7] = b.w;
-}
-
 // acc plus unit u against the staged x.
 template <int T>
 __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, const int4* sq, const float* sd,
                                       const float* ss) {
     int xv[8];
-    sx_words(sq, u, xv);
+    xq_words(sq[2 * u], sq[2 * u + 1], xv);
     return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
 }
 
