@@ -155,8 +155,9 @@ fn mvqs_types() -> [(usize, &'static str); 2] {
 /// None (`mvq_*`). Chosen per shape from `cuda_check --gemv-micro` (8B / 1B
 /// layer matrices on the H100) and decode tok/s: Q4_0 always, 4 blocks up
 /// to 4096 columns (more cost occupancy), 8 beyond; Q8_0 only past 8192
-/// columns, 4 blocks (the register-preloading `mvq_q8_0r` decoded the 1B
-/// shape faster in place: 922 against 884 tok/s, 8B 213 against 221).
+/// columns, 4 blocks (streaming every Q8_0 matrix decoded the 1B shape at
+/// 884 tok/s against 922 with the register-preloading `mvq_q8_0r`, the 8B
+/// shape at 221 against 213: the gain is its 14,336-column down projection).
 pub(crate) fn mvqs_kernel(
     ty: GgmlType,
     repacked: bool,
@@ -432,7 +433,7 @@ struct Kernels {
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per kernel-table index: the streaming one-token GEMV with 2, 4 and 8
-    /// items per lane in flight ([`mvqs_kernel`]).
+    /// blocks per lane in flight ([`mvqs_kernel`]).
     mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 3]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
