@@ -32,16 +32,7 @@ pub fn matmul(
         f,
         (rows.div_ceil(4) as u32, n.div_ceil(nt) as u32, 1),
         128,
-        &args(
-            &p.w_args,
-            &[
-                Arg::P(p.x.ptr),
-                Arg::I(n as i32),
-                Arg::P(p.y.ptr),
-                Arg::I(rows as i32),
-                Arg::P(0),
-            ],
-        ),
+        &p.many(&[Arg::P(p.x.ptr)], n, rows),
     )?;
     fetch(gpu, &p.y, n * rows)
 }
@@ -64,7 +55,7 @@ pub fn matvec(
         f,
         (rows.div_ceil(16) as u32, 1, 1),
         128,
-        &args(&p.w_args, &[Arg::P(p.x.ptr), Arg::P(p.y.ptr), Arg::P(0)]),
+        &p.one(&[Arg::P(p.x.ptr)]),
     )?;
     fetch(gpu, &p.y, rows)
 }
@@ -203,12 +194,7 @@ pub fn matvec_fast(
             )));
         }
         let f = gpu.func(&format!("mvf_{name}"))?;
-        gpu.launch(
-            f,
-            grid,
-            256,
-            &args(&p.w_args, &[Arg::P(p.x.ptr), Arg::P(p.y.ptr), Arg::P(0)]),
-        )?;
+        gpu.launch(f, grid, 256, &p.one(&[Arg::P(p.x.ptr)]))?;
     } else if let Some(name) = quant {
         let nb = cols / 32;
         let (q, d, s) = quantize_q8(gpu, &p.x, nb)?;
@@ -230,16 +216,7 @@ pub fn matvec_fast(
             f,
             (grid as u32, 1, 1),
             threads,
-            &args(
-                &p.w_args,
-                &[
-                    Arg::P(q.ptr),
-                    Arg::P(d.ptr),
-                    Arg::P(s.ptr),
-                    Arg::P(p.y.ptr),
-                    Arg::P(0),
-                ],
-            ),
+            &p.one(&[Arg::P(q.ptr), Arg::P(d.ptr), Arg::P(s.ptr)]),
         )?;
         let qb: Vec<u8> = fetch(gpu, &q, cols)?;
         xq = Some((
@@ -277,16 +254,7 @@ pub fn matvec_fast_nt(
                 1,
             ),
             256,
-            &args(
-                &p.w_args,
-                &[
-                    Arg::P(p.x.ptr),
-                    Arg::I(n as i32),
-                    Arg::P(p.y.ptr),
-                    Arg::I(rows as i32),
-                    Arg::P(0),
-                ],
-            ),
+            &p.many(&[Arg::P(p.x.ptr)], n, rows),
         )?;
     } else if let Some(name) = p.repacked.or(crate::backend::mvq_type_name(ty)) {
         let (q, d, s) = quantize_q8(gpu, &p.x, n * cols / 32)?;
@@ -295,18 +263,7 @@ pub fn matvec_fast_nt(
             f,
             grid,
             256,
-            &args(
-                &p.w_args,
-                &[
-                    Arg::P(q.ptr),
-                    Arg::P(d.ptr),
-                    Arg::P(s.ptr),
-                    Arg::I(n as i32),
-                    Arg::P(p.y.ptr),
-                    Arg::I(rows as i32),
-                    Arg::P(0),
-                ],
-            ),
+            &p.many(&[Arg::P(q.ptr), Arg::P(d.ptr), Arg::P(s.ptr)], n, rows),
         )?;
     } else {
         return Err(CudaError(format!("no fast decode GEMV for {ty}")));
@@ -398,6 +355,29 @@ fn product_buffers(
 /// `w_args` then `rest`.
 fn args(w_args: &[Arg; 4], rest: &[Arg]) -> Vec<Arg> {
     [&w_args[..], rest].concat()
+}
+
+impl Product {
+    /// A one-token GEMV's arguments (as the backend's `mm` builds them):
+    /// weights, x (f32, or 8-bit values, scales and sums), y, no bias.
+    fn one(&self, x: &[Arg]) -> Vec<Arg> {
+        args(
+            &self.w_args,
+            &[x, &[Arg::P(self.y.ptr), Arg::P(0)]].concat(),
+        )
+    }
+
+    /// A several-token GEMV's: weights, x, the token count, y with row
+    /// stride `ystride`, no bias.
+    fn many(&self, x: &[Arg], n: usize, ystride: usize) -> Vec<Arg> {
+        let rest = [
+            Arg::I(n as i32),
+            Arg::P(self.y.ptr),
+            Arg::I(ystride as i32),
+            Arg::P(0),
+        ];
+        args(&self.w_args, &[x, &rest].concat())
+    }
 }
 
 /// Rows of `w` decoded by the GEMM path's dequantization kernel of `ty`
