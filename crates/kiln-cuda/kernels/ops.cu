@@ -327,6 +327,21 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 #define ATT_WARPS 4
 #define ATT_DPL 8
 #define ATT_PRE 2
+
+// K and V of cache position p for KV head kh: lane l holds dims l, l + 32, ...
+template <int DPL>
+__device__ __forceinline__ void load_kv_row(const float* kc, const float* vc, const u32* table, int p, int bs,
+                                            int nlg, int lig, int kvd, int kh, int hd, int lane, float* kv,
+                                            float* vv) {
+    u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        kv[i] = d < hd ? kc[at + d] : 0.0f;
+        vv[i] = d < hd ? vc[at + d] : 0.0f;
+    }
+}
+
 template <int DPL>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
@@ -365,15 +380,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     for (int j = 0; j < ATT_PRE; j++) {
         int p = p0 + j * ATT_WARPS;
         pre[j] = p < end && p + (int)gridDim.y <= (int)pos;
-        if (pre[j]) {
-            u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                k0[j][i] = d < hd ? kc[at + d] : 0.0f;
-                v0[j][i] = d < hd ? vc[at + d] : 0.0f;
-            }
-        }
+        if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
     PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
@@ -399,15 +406,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                     vv[i] = v0[j][i];
                 }
             }
-        if (!had) {
-            u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                kv[i] = d < hd ? kc[at + d] : 0.0f;
-                vv[i] = d < hd ? vc[at + d] : 0.0f;
-            }
-        }
+        if (!had) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, kv, vv);
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
