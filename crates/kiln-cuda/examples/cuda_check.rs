@@ -1256,17 +1256,20 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
 /// shape's own chain, in µs per token and GB/s. SHAPE: 8b (Llama-3.1-8B
 /// layers) or 1b (Llama-3.2-1B). A kernel taking f32 x is named `mvf_*`.
 fn gemv_micro(cases: &[String]) -> Result<(), String> {
-    const DEFAULT: [&str; 10] = [
+    // The backend's one-token kernels per type next to the read ceiling
+    // (`mvqs*` as the backend launches them: 16 rows of 512 threads).
+    const DEFAULT: [&str; 11] = [
         "8b/q4_0/mvq_q4_0/8/256",
-        "8b/q4_0/mvq_q4_0r/8/256",
-        "8b/q4_0/mvq_q4_0rp/8/256",
-        "8b/q4_0/mvqb_q4_0/1/128",
+        "8b/q4_0/mvqs4_q4_0r/16/512",
+        "8b/q4_0/mvqs8_q4_0r/16/512",
         "8b/q4_0/rd_rows/8/256",
         "8b/q8_0/mvq_q8_0r/8/256",
+        "8b/q8_0/mvqs4_q8_0r/16/512",
         "8b/q4_k/mvq_q4_k/8/256",
+        "8b/q6_k/mvq_q6_k/8/256",
         "8b/bf16/mvf_bf16/8/256",
-        "1b/q4_0/mvq_q4_0/8/256",
-        "1b/q4_0/mvq_q4_0r/8/256",
+        "1b/q4_0/mvqs4_q4_0r/16/512",
+        "1b/q4_0/rd_rows/8/256",
     ];
     let cases: Vec<String> = if cases.is_empty() {
         DEFAULT.iter().map(|s| s.to_string()).collect()
@@ -1295,15 +1298,7 @@ fn gemv_micro(cases: &[String]) -> Result<(), String> {
             ),
             _ => return Err(format!("unknown shape '{shape}'")),
         };
-        let gt: GgmlType = match ty {
-            "q4_0" => GgmlType::Q4_0,
-            "q8_0" => GgmlType::Q8_0,
-            "q4_k" => GgmlType::Q4K,
-            "q6_k" => GgmlType::Q6K,
-            "bf16" => GgmlType::BF16,
-            "f16" => GgmlType::F16,
-            _ => return Err(format!("unknown type '{ty}'")),
-        };
+        let gt = GgmlType::from_name(ty).ok_or_else(|| format!("unknown type '{ty}'"))?;
         let key = format!("{shape}/{ty}");
         if chain.as_ref().is_none_or(|c| c.0 != key) {
             drop(chain.take()); // free the previous matrices first
