@@ -896,6 +896,109 @@ fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
     Model::from_gguf(g).map_err(|e| e.to_string())
 }
 
+/// The prefill flash-attention kernel against f64 attention on the same
+/// f16-rounded Q/K/V: head dims 64 and 128, GQA groups 1-4, chunks that are
+/// not whole tiles, later chunks (p0 > 0), a sliding window, a softcap.
+/// Tolerance: P is rounded to f16 before P·V (as the GEMM path does), so
+/// the error is a few f16 ulps of the largest |V|: 4e-3 of it.
+fn flash_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
+    println!("\n## op level: prefill flash attention vs f64");
+    if gpu.info.cc.0 < 8 {
+        println!(
+            "skipped: the flash kernel needs sm_80 (this device: sm_{}{})",
+            gpu.info.cc.0, gpu.info.cc.1
+        );
+        return;
+    }
+    println!("| head dim | heads / kv heads | rows | p0 | window | softcap | max abs err / max abs V | |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rng = Rng(0x5eed_f1a5_0000_0001);
+    let h16 = |x: f32| half::f16::from_f32(x);
+    for (hd, heads, kvh, n, p0, window, softcap) in [
+        (128usize, 4usize, 2usize, 150usize, 0usize, 0i32, 0.0f32),
+        (128, 2, 2, 64, 0, 0, 0.0),
+        (128, 4, 1, 1, 37, 0, 0.0),
+        (128, 8, 2, 77, 300, 0, 0.0),
+        (64, 8, 2, 200, 0, 0, 0.0),
+        (64, 4, 4, 17, 5, 0, 0.0),
+        (64, 6, 2, 130, 60, 40, 0.0),
+        (128, 4, 2, 129, 0, 0, 20.0),
+        (64, 4, 1, 96, 100, 64, 30.0),
+    ] {
+        let (qd, kvd, keys) = (heads * hd, kvh * hd, p0 + n);
+        // Spread scores a few units wide so the softmax is not flat.
+        let q: Vec<f32> = (0..n * qd).map(|_| rng.f() * 2.0).collect();
+        let k: Vec<u16> = (0..keys * kvd).map(|_| f16_bits(rng.f() * 2.0)).collect();
+        let v: Vec<u16> = (0..keys * kvd).map(|_| f16_bits(rng.f())).collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let got = match kiln_cuda::testing::flash_attention(
+            gpu, hd, heads, kvh, &q, &k, &v, p0, scale, softcap, window,
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                failures.push(format!("flash d{hd}: {e}"));
+                continue;
+            }
+        };
+        let kf = |i: usize| half::f16::from_bits(k[i]).to_f64();
+        let vf = |i: usize| half::f16::from_bits(v[i]).to_f64();
+        let mut err = 0.0f64;
+        for i in 0..n {
+            let pos = p0 + i;
+            let lo = if window > 0 {
+                (pos + 1).saturating_sub(window as usize)
+            } else {
+                0
+            };
+            for h in 0..heads {
+                let kh = h / (heads / kvh);
+                let qr: Vec<f64> = (0..hd)
+                    .map(|e| h16(q[i * qd + h * hd + e]).to_f64())
+                    .collect();
+                let s: Vec<f64> = (lo..=pos)
+                    .map(|j| {
+                        let dot: f64 = (0..hd).map(|e| qr[e] * kf(j * kvd + kh * hd + e)).sum();
+                        let x = dot * scale as f64;
+                        if softcap > 0.0 {
+                            (x / softcap as f64).tanh() * softcap as f64
+                        } else {
+                            x
+                        }
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                for e in 0..hd {
+                    let o: f64 = (lo..=pos)
+                        .zip(&w)
+                        .map(|(j, p)| p * vf(j * kvd + kh * hd + e))
+                        .sum::<f64>()
+                        / sum;
+                    let g = got[i * qd + h * hd + e] as f64;
+                    err = err.max(if g.is_finite() {
+                        (g - o).abs()
+                    } else {
+                        f64::INFINITY
+                    });
+                }
+            }
+        }
+        let vmax = (0..v.len()).map(vf).fold(0.0f64, |a, x| a.max(x.abs()));
+        let rel = err / vmax;
+        let ok = rel <= 4e-3;
+        println!(
+            "| {hd} | {heads} / {kvh} | {n} | {p0} | {window} | {softcap} | {rel:.2e} | {} |",
+            if ok { "ok" } else { "FAIL" }
+        );
+        if !ok {
+            failures.push(format!(
+                "flash d{hd} n {n} p0 {p0} window {window} softcap {softcap}: {rel:.2e}"
+            ));
+        }
+    }
+}
+
 /// GPU sampling against the exact distribution: softmax over the top k of
 /// logits / T, estimated from 20,000 rows with different seeds (total
 /// variation distance), plus determinism per seed and temp 0 = argmax.
@@ -1431,6 +1534,7 @@ fn main() {
     fast_op_checks(&mut gpu, &mut failures);
     argmax_checks(&mut gpu, &mut failures);
     sample_checks(&mut gpu, &mut failures);
+    flash_checks(&mut gpu, &mut failures);
     drop(gpu);
     model_checks(&fixtures, &mut failures);
     if bench_on {

@@ -214,6 +214,8 @@ impl ArgList {
 const ATT_GEMM_MIN: usize = 64;
 /// Scores scratch for that path (f32 + f16 per head and position pair).
 const ATT_GEMM_MAX_BYTES: usize = 1 << 30;
+/// Query rows per block of the flash-attention kernel (FA_BR in flash.cu).
+const FLASH_ROWS: usize = 64;
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
@@ -438,6 +440,8 @@ struct Kernels {
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
+    /// Flash attention for prefill chunks, head dims 64 and 128 (sm_80+).
+    flash: [cudarc::driver::sys::CUfunction; 2],
     /// Per ggml type id: the few-token versions of `mvf` / `mvq`.
     mvf_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -525,6 +529,7 @@ impl Kernels {
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
             gather_kv_half: gpu.func("gather_kv_half")?,
+            flash: [gpu.func("flash_d64")?, gpu.func("flash_d128")?],
             mvf_nt,
             mvq_nt,
             embed,
@@ -676,6 +681,9 @@ pub struct CudaBackend {
     att_gemm_min: usize,
     att_gemm_cap: usize,
     att_gemm_keys: usize,
+    /// Those chunks through the flash-attention kernel rather than cuBLAS
+    /// (sm_80+, head dim 64 or 128, unless `$KILN_CUDA_FLASH` is 0).
+    flash: Option<cudarc::driver::sys::CUfunction>,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1234,17 +1242,27 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(ATT_GEMM_MIN);
+        // The flash kernel keeps scores on chip: its chunks need only the
+        // gathered f16 K/V.
+        let flash = (gpu.info.cc.0 >= 8
+            && matches!(d.head_dim, 64 | 128)
+            && std::env::var("KILN_CUDA_FLASH").map_or(true, |v| v != "0"))
+        .then_some(d.head_dim / 128);
         // Chunks of up to `att_gemm_cap` tokens against up to
         // `att_gemm_keys` visible positions: scores (f32 + f16) per head,
         // within ATT_GEMM_MAX_BYTES (fewer keys first, then fewer tokens).
-        let mut att_gemm_cap = if blas.is_some() && att_gemm_min > 0 {
+        let mut att_gemm_cap = if (blas.is_some() || flash.is_some()) && att_gemm_min > 0 {
             b.min(2048)
         } else {
             0
         };
         let mut att_gemm_keys = layout.max_ctx.max(att_gemm_cap);
-        while att_gemm_cap > 0 && d.n_heads * att_gemm_cap * att_gemm_keys * 6 > ATT_GEMM_MAX_BYTES
-        {
+        // Flash: the gathered K/V alone, within a quarter of the budget.
+        let att_bytes = |cap: usize, keys: usize| match flash {
+            Some(_) => keys * kvd * 16,
+            None => d.n_heads * cap * keys * 6,
+        };
+        while att_gemm_cap > 0 && att_bytes(att_gemm_cap, att_gemm_keys) > ATT_GEMM_MAX_BYTES {
             if att_gemm_keys > att_gemm_cap {
                 att_gemm_keys = (att_gemm_keys / 2).max(att_gemm_cap);
             } else {
@@ -1252,9 +1270,8 @@ impl CudaBackend {
             }
         }
         let att_gemm_bytes = if att_gemm_cap >= att_gemm_min.max(1) {
-            d.n_heads * att_gemm_cap * att_gemm_keys * 6
-                + att_gemm_cap * qkv_dim * 2
-                + att_gemm_keys * kvd * 4
+            let scores = d.n_heads * att_gemm_cap * att_gemm_keys * 6 + att_gemm_cap * qkv_dim * 2;
+            flash.map_or(scores, |_| 0) + att_gemm_keys * kvd * 4
         } else {
             att_gemm_cap = 0;
             0
@@ -1299,6 +1316,7 @@ impl CudaBackend {
         }
 
         let mut k = Kernels::load(&mut gpu)?;
+        let flash_f = flash.map(|i| k.flash[i]);
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
             k.mvqs.iter_mut().for_each(|f| *f = None);
@@ -1427,17 +1445,17 @@ impl CudaBackend {
             xq_d: f(xq_cols / 32)?,
             xq_s: f(xq_cols / 32)?,
             att_part: f(att_part_floats)?,
-            att_s: if att_gemm_cap > 0 {
+            att_s: if att_gemm_cap > 0 && flash.is_none() {
                 Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_keys * 4)?)
             } else {
                 None
             },
-            att_p: if att_gemm_cap > 0 {
+            att_p: if att_gemm_cap > 0 && flash.is_none() {
                 Some(DevBuf::alloc(d.n_heads * att_gemm_cap * att_gemm_keys * 2)?)
             } else {
                 None
             },
-            qkvh: if att_gemm_cap > 0 {
+            qkvh: if att_gemm_cap > 0 && flash.is_none() {
                 Some(DevBuf::alloc(att_gemm_cap * qkv_dim * 2)?)
             } else {
                 None
@@ -1504,6 +1522,7 @@ impl CudaBackend {
             att_gemm_min,
             att_gemm_cap,
             att_gemm_keys,
+            flash: flash_f,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -1880,11 +1899,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
-    /// Attention of a one-sequence chunk from position 0 (its keys are its own
-    /// tokens): S = scale·Q Kᵀ and O = P V as f16 cuBLAS GEMMs with f32
+    /// Attention of a one-sequence chunk against every position up to its
+    /// end, K/V gathered from the cache as f16: the flash kernel when there
+    /// is one, else S = scale·Q Kᵀ and O = P V as f16 cuBLAS GEMMs with f32
     /// accumulation (batched over KV heads, once per query head of a group),
-    /// P = `softmax_causal(S)`. Q/K/V are read from `s.qkv` (RoPE applied).
+    /// P = `softmax_causal(S)`. Q is read from `s.qkv` (RoPE applied).
     /// `p0`: the chunk's first position; `grp`: the layer's KV group;
     /// `cache`: the layer's paged-cache arguments (block tables, their
     /// stride, block size, layers in the group, the layer's slot).
@@ -1898,14 +1917,8 @@ impl CudaBackend {
     ) -> CuResult<()> {
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
-        let (Some(bl), Some(sb), Some(pb), Some(qh), Some(kvh)) = (
-            &self.blas,
-            &self.s.att_s,
-            &self.s.att_p,
-            &self.s.qkvh,
-            &self.s.kvh,
-        ) else {
-            return Err(CudaError("no attention GEMM scratch".into()));
+        let Some(kvh) = &self.s.kvh else {
+            return Err(CudaError("no attention K/V scratch".into()));
         };
         let d = &self.desc;
         let (qd, kvd, hd) = (d.q_dim(), d.kv_dim(), d.head_dim);
@@ -1935,6 +1948,34 @@ impl CudaBackend {
             256,
             gather.get(),
         )?;
+        if let Some(f) = self.flash {
+            return self.gpu.launch(
+                f,
+                (n.div_ceil(FLASH_ROWS) as u32, d.n_heads as u32, 1),
+                128,
+                &[
+                    Arg::P(self.s.qkv.ptr),
+                    Arg::I(qkv_dim as i32),
+                    Arg::P(kh),
+                    Arg::P(vh),
+                    Arg::I(kvd as i32),
+                    Arg::I(n as i32),
+                    Arg::I(keys as i32),
+                    Arg::I(p0 as i32),
+                    Arg::I(g as i32),
+                    Arg::F(d.attn_scale),
+                    Arg::F(d.attn_softcap.unwrap_or(0.0)),
+                    Arg::I(window),
+                    Arg::P(self.s.att.ptr),
+                    Arg::I(qd as i32),
+                ],
+            );
+        }
+        let (Some(bl), Some(sb), Some(pb), Some(qh)) =
+            (&self.blas, &self.s.att_s, &self.s.att_p, &self.s.qkvh)
+        else {
+            return Err(CudaError("no attention GEMM scratch".into()));
+        };
         let total = n * qkv_dim;
         self.gpu.launch(
             self.k.to_half,
@@ -2080,6 +2121,7 @@ impl CudaBackend {
         }
     }
 
+    /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
     /// `x_q8`: the producer of `x` already filled `s.xq` ([`Self::q8_args`]).
     fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize, x_q8: bool) -> CuResult<()> {
         if !x_q8 && self.proj_q8(p, n) {

@@ -412,6 +412,65 @@ pub fn dequant_rows(
 }
 
 /// The first `len` values of `buf`, after everything queued so far.
+/// The flash-attention kernel for head dim `hd` (64 or 128) on one chunk:
+/// `q` n rows of `heads * hd` f32; `k` / `v` L rows of `kv_heads * hd` f16
+/// bits (keys 0..L-1, L = p0 + n); query row i at position p0 + i sees the
+/// keys up to it (and above it minus `window` when `window > 0`). Returns
+/// the n x heads * hd f32 output.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention(
+    gpu: &mut Gpu,
+    hd: usize,
+    heads: usize,
+    kv_heads: usize,
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    p0: usize,
+    scale: f32,
+    softcap: f32,
+    window: i32,
+) -> CuResult<Vec<f32>> {
+    let qd = heads * hd;
+    let kvd = kv_heads * hd;
+    let n = q.len() / qd;
+    let keys = k.len() / kvd;
+    if keys != p0 + n || v.len() != k.len() {
+        return Err(CudaError(format!(
+            "flash: {keys} keys for p0 {p0} + {n} rows"
+        )));
+    }
+    let f = gpu.func(&format!("flash_d{hd}"))?;
+    let bytes = |x: &[u16]| x.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+    gpu.bind()?;
+    let dq = DevBuf::from_f32(q)?;
+    let dk = DevBuf::from_bytes(&bytes(k))?;
+    let dv = DevBuf::from_bytes(&bytes(v))?;
+    let dy = DevBuf::from_f32(&vec![f32::NAN; n * qd])?;
+    gpu.launch(
+        f,
+        (n.div_ceil(64) as u32, heads as u32, 1),
+        128,
+        &[
+            Arg::P(dq.ptr),
+            Arg::I(qd as i32),
+            Arg::P(dk.ptr),
+            Arg::P(dv.ptr),
+            Arg::I(kvd as i32),
+            Arg::I(n as i32),
+            Arg::I(keys as i32),
+            Arg::I(p0 as i32),
+            Arg::I((heads / kv_heads) as i32),
+            Arg::F(scale),
+            Arg::F(softcap),
+            Arg::I(window),
+            Arg::P(dy.ptr),
+            Arg::I(qd as i32),
+        ],
+    )?;
+    fetch(gpu, &dy, n * qd)
+}
+
 fn fetch<T: Copy + Default>(gpu: &mut Gpu, buf: &DevBuf, len: usize) -> CuResult<Vec<T>> {
     let mut v = vec![T::default(); len];
     gpu.download_async(&mut v, buf.ptr)?;
