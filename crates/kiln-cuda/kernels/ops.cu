@@ -132,7 +132,8 @@ __device__ __forceinline__ void load_regs(const float* p, int len, float* v) {
 template <bool CL>
 __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const float* pw, const float* pb,
                                               const float* w, const float* b, float* out, int hid, float eps,
-                                              int kind, i8* q, float* qd, float* qs, int t, int base, int len) {
+                                              int kind, i8* q, float* qd, float* qs, u16* oh, int fmt, int t,
+                                              int base, int len) {
     float* xr = x + (u64)t * hid + base;
     double mean, inv;
     // Before waiting for the kernel before this one (it writes y): the
@@ -182,7 +183,10 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
             int i = threadIdx.x + k * blockDim.x;
             if (i < len) {
                 float v = norm_val(xv[k], kind, mean, inv, finv, wv[k], bv[k]);
-                o[i] = v;
+                if (oh)
+                    oh[(u64)t * hid + base + i] = f2half(v, fmt);
+                else
+                    o[i] = v;
                 // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
                 if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + ((base + i) >> 5), q, qd, qs);
             }
@@ -190,14 +194,16 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
     }
 }
 
+// oh: when a GEMM consumes `out`, the normalized row goes there instead,
+// as f16 (fmt 0) or bf16 (1), and `out` is not written.
 extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
-                                    int kind, i8* q, float* qd, float* qs) {
+                                    int kind, i8* q, float* qd, float* qs, u16* oh, int fmt) {
     int t = blockIdx.x;
     float* xr = x + (u64)t * hid;
     double mean, inv;
     if (hid <= AN_V * (int)blockDim.x) {
-        add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, t, 0, hid);
+        add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, oh, fmt, t, 0, hid);
         return;
     }
     PDL_ENTRY();
@@ -217,6 +223,11 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
         norm_stats(xr, hid, kind, eps, &mean, &inv);
         float finv = (float)inv;
         float* o = out + (u64)t * hid;
+        if (oh) {
+            for (int i = threadIdx.x; i < hid; i += blockDim.x)
+                oh[(u64)t * hid + i] = f2half(norm_one(xr[i], i, kind, mean, inv, finv, w, b), fmt);
+            return;
+        }
         for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
         if (q) {
             __syncthreads();
@@ -229,9 +240,10 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
 
 extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const float* y, const float* pw,
                                     const float* pb, const float* w, const float* b, float* out, int hid,
-                                    float eps, int kind, i8* q, float* qd, float* qs) {
+                                    float eps, int kind, i8* q, float* qd, float* qs, u16* oh, int fmt) {
     int len = hid / gridDim.x;
-    add_norm_regs<true>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, blockIdx.y, blockIdx.x * len, len);
+    add_norm_regs<true>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, oh, fmt, blockIdx.y,
+                        blockIdx.x * len, len);
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
@@ -245,17 +257,22 @@ extern "C" __global__ void gather_norm(const float* x, const u32* rows, const fl
     for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
 }
 
-// After the QKV projection, per (head, token) (grid: (n_heads + 2 n_kv, n); block: 128):
+// After the QKV projection, a warp per (head, token) (grid: (ceil((n_heads +
+// 2 n_kv) / warps), n); block: warps x 32, at most QP_WARPS warps):
 // Q and K heads: optional per-head RMSNorm, RoPE; Q and K are written back in
 // place, K and V go to the paged cache at the token's position.
 // Cache layout: [block][layer in group][position in block][kv_dim].
+#define QP_WARPS 4
 extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_kv, int hd,
                                     const float* qnw, const float* knw, float eps,
                                     const float* cosb, const float* sinb, int rope_dim, int neox,
                                     const u32* positions, const u32* rowidx, const u32* tables,
                                     int tstride, int bs, int nlg, int lig, float* kc, float* vc) { PDL_ENTRY();
-    __shared__ float h[512];
-    int hi = blockIdx.x, t = blockIdx.y;
+    __shared__ float hs[QP_WARPS][512];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int hi = blockIdx.x * (blockDim.x >> 5) + w, t = blockIdx.y;
+    if (hi >= n_heads + 2 * n_kv) return;
+    float* h = hs[w];
     int kvd = n_kv * hd;
     float* base = qkv + (u64)t * stride;
     float* p;
@@ -273,43 +290,43 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
         p = base + n_heads * hd + kvd + kh * hd;
         kind = 2;
     }
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) h[i] = p[i];
-    __syncthreads();
+    for (int i = lane; i < hd; i += 32) h[i] = p[i];
+    __syncwarp();
     u32 pos = positions[t];
     if (kind < 2) {
         const float* nw = kind == 0 ? qnw : knw;
         if (nw) {
             double s = 0.0;
-            for (int i = threadIdx.x; i < hd; i += blockDim.x) s += (double)h[i] * (double)h[i];
-            double ss = block_sum_d(s);
+            for (int i = lane; i < hd; i += 32) s += (double)h[i] * (double)h[i];
+            double ss = warp_sum_d(s);
             float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
-            __syncthreads();
-            for (int i = threadIdx.x; i < hd; i += blockDim.x) h[i] = h[i] * inv * nw[i];
-            __syncthreads();
+            __syncwarp();
+            for (int i = lane; i < hd; i += 32) h[i] = h[i] * inv * nw[i];
+            __syncwarp();
         }
         if (cosb) {
             int half = rope_dim >> 1;
             const float* cs = cosb + (u64)pos * half;
             const float* sn = sinb + (u64)pos * half;
-            for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            for (int i = lane; i < half; i += 32) {
                 int a = neox ? i : 2 * i;
                 int bb = neox ? i + half : 2 * i + 1;
                 float x0 = h[a], x1 = h[bb], c = cs[i], s = sn[i];
                 h[a] = x0 * c - x1 * s;
                 h[bb] = x0 * s + x1 * c;
             }
-            __syncthreads();
+            __syncwarp();
         }
     }
     // Q and K are written back too (the GEMM prefill attention reads Q
     // from here), K and V also go to the cache.
     if (kind < 2)
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = h[i];
+        for (int i = lane; i < hd; i += 32) p[i] = h[i];
     if (kind == 0) return;
     u32 blk = tables[(u64)rowidx[t] * tstride + pos / bs];
     u64 at = (((u64)blk * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
     float* dst = (kind == 1 ? kc : vc) + at;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = h[i];
+    for (int i = lane; i < hd; i += 32) dst[i] = h[i];
 }
 
 // Attention for one (query head, token) per block (grid: (n_heads, n, S); block: 128).
@@ -818,15 +835,21 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
 // With q (n * inter % 32 == 0, block a multiple of 32): also quantized to 8
 // bits per 32 values (a warp holds 32 consecutive, aligned values).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
-                                   float* out, i8* q, float* qd, float* qs) { PDL_ENTRY();
-    u64 total = (u64)n * inter;
-    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (u64)gridDim.x * blockDim.x) {
-        u64 t = k / inter, i = k % inter;
-        const float* r = gu + t * stride;
-        float v = activate(kind, r[i]);
-        if (gated) v *= r[inter + i];
-        out[k] = v;
-        if (q) quant_q8_warp(v, threadIdx.x & 31, k >> 5, q, qd, qs);
+                                   float* out, i8* q, float* qd, float* qs, u16* oh, int fmt) { PDL_ENTRY();
+    // grid: (blocks over inter, tokens); q needs inter % 32 == 0 (whole warps
+    // on aligned 32-value blocks); oh as in add_norm.
+    for (int t = blockIdx.y; t < n; t += gridDim.y) {
+        const float* r = gu + (u64)t * stride;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
+            float v = activate(kind, r[i]);
+            if (gated) v *= r[inter + i];
+            u64 k = (u64)t * inter + i;
+            if (oh)
+                oh[k] = f2half(v, fmt);
+            else
+                out[k] = v;
+            if (q) quant_q8_warp(v, threadIdx.x & 31, k >> 5, q, qd, qs);
+        }
     }
 }
 

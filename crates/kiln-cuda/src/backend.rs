@@ -1645,6 +1645,31 @@ impl CudaBackend {
         self.s.meta.ptr + off as u64 * 4
     }
 
+    /// The format cuBLAS reads x in when a product with `mat` over `n`
+    /// tokens is a GEMM (0 f16, 1 bf16, -1 f32 as it is), or None (a GEMV).
+    fn gemm_fmt(&self, mat: &DMat, n: usize) -> Option<i32> {
+        let float = matches!(mat.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let gemm = n >= self.gemm_min || (float && n >= self.gemm_min_float);
+        (gemm && self.blas.is_some()).then_some(match mat.ty {
+            GgmlType::F32 => -1,
+            GgmlType::BF16 => 1,
+            _ => 0,
+        })
+    }
+
+    /// Where the producer of `p`'s input over `n` tokens writes it as the
+    /// 16-bit floats its GEMMs read (`s.xh`, format), sparing a conversion
+    /// pass: when every part reads the same 16-bit format; else nulls.
+    fn half_args(&self, p: &Proj, n: usize) -> [Arg; 2] {
+        let mut fmts = p.parts.iter().map(|(m, _)| self.gemm_fmt(m, n));
+        match (fmts.next().flatten(), &self.s.xh) {
+            (Some(f), Some(xh)) if f >= 0 && fmts.all(|g| g == Some(f)) => {
+                [Arg::P(xh.ptr), Arg::I(f)]
+            }
+            _ => [Arg::P(0), Arg::I(0)],
+        }
+    }
+
     /// Whether a one-token product with `mat` reads 8-bit activations.
     fn uses_q8(&self, mat: &DMat) -> bool {
         // Quantized rows hold whole blocks (cols % block size == 0, checked at
@@ -1681,13 +1706,21 @@ impl CudaBackend {
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
     /// One-token products of quantized weights read `s.xq`, which the caller
     /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
+    /// `x_half`: x's producer already wrote it to `s.xh` in the format
+    /// cuBLAS reads ([`CudaBackend::half_args`]).
     #[allow(clippy::too_many_arguments)]
-    fn mm(&self, mat: &DMat, bias: u64, x: u64, n: usize, y: u64, ystride: usize) -> CuResult<()> {
-        let float = matches!(mat.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        if n >= self.gemm_min || (float && n >= self.gemm_min_float) {
-            if let Some(bl) = &self.blas {
-                return self.gemm(bl, mat, bias, x, n, y, ystride);
-            }
+    fn mm(
+        &self,
+        mat: &DMat,
+        bias: u64,
+        x: u64,
+        n: usize,
+        y: u64,
+        ystride: usize,
+        x_half: bool,
+    ) -> CuResult<()> {
+        if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, n), &self.blas) {
+            return self.gemm(bl, mat, fmt, bias, x, n, y, ystride, x_half);
         }
         let id = mat.kernel;
         let w = [
@@ -1780,20 +1813,22 @@ impl CudaBackend {
         &self,
         bl: &Blas,
         mat: &DMat,
+        fmt: i32,
         bias: u64,
         x: u64,
         n: usize,
         y: u64,
         ystride: usize,
+        x_half: bool,
     ) -> CuResult<()> {
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
         let (rows, cols) = (mat.rows, mat.cols);
         let grid = |total: usize| (total.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
-        let (dt, fmt) = match mat.ty {
-            GgmlType::F32 => (Dt::CUDA_R_32F, -1),
-            GgmlType::BF16 => (Dt::CUDA_R_16BF, 1),
-            _ => (Dt::CUDA_R_16F, 0),
+        let dt = match fmt {
+            -1 => Dt::CUDA_R_32F,
+            1 => Dt::CUDA_R_16BF,
+            _ => Dt::CUDA_R_16F,
         };
         let b_ptr = if fmt < 0 {
             x
@@ -1803,18 +1838,20 @@ impl CudaBackend {
                 .xh
                 .as_ref()
                 .ok_or_else(|| CudaError("no GEMM scratch".into()))?;
-            // to_half converts 8 values per thread step.
-            self.gpu.launch(
-                self.k.to_half,
-                grid((n * cols).div_ceil(8)),
-                256,
-                &[
-                    Arg::P(x),
-                    Arg::P((n * cols) as u64),
-                    Arg::P(xh.ptr),
-                    Arg::I(fmt),
-                ],
-            )?;
+            if !x_half {
+                // to_half converts 8 values per thread step.
+                self.gpu.launch(
+                    self.k.to_half,
+                    grid((n * cols).div_ceil(8)),
+                    256,
+                    &[
+                        Arg::P(x),
+                        Arg::P((n * cols) as u64),
+                        Arg::P(xh.ptr),
+                        Arg::I(fmt),
+                    ],
+                )?;
+            }
             xh.ptr
         };
         let direct = matches!(mat.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
@@ -2122,16 +2159,27 @@ impl CudaBackend {
     }
 
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
-    /// `x_q8`: the producer of `x` already filled `s.xq` ([`Self::q8_args`]).
-    fn proj(&self, p: &Proj, x: u64, n: usize, y: u64, ystride: usize, x_q8: bool) -> CuResult<()> {
-        if !x_q8 && self.proj_q8(p, n) {
+    /// `staged`: the producer of `x` also wrote what `p` reads instead of it
+    /// over `n` tokens: `s.xq` ([`Self::q8_args`]) or `s.xh`
+    /// ([`Self::half_args`]).
+    fn proj(
+        &self,
+        p: &Proj,
+        x: u64,
+        n: usize,
+        y: u64,
+        ystride: usize,
+        staged: bool,
+    ) -> CuResult<()> {
+        let x_half = staged && !matches!(self.half_args(p, n)[0], Arg::P(0));
+        if !staged && self.proj_q8(p, n) {
             if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols, n)?;
             }
         }
         for (mat, r0) in &p.parts {
             let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
-            self.mm(mat, bias, x, n, y + *r0 as u64 * 4, ystride)?;
+            self.mm(mat, bias, x, n, y + *r0 as u64 * 4, ystride, x_half)?;
         }
         Ok(())
     }
@@ -2149,9 +2197,9 @@ impl CudaBackend {
         next: Option<&Proj>,
     ) -> CuResult<()> {
         let d = &self.desc;
-        let q = match next {
-            Some(p) if norm.is_some() => self.q8_args(p, n),
-            _ => [Arg::P(0), Arg::P(0), Arg::P(0)],
+        let (q, h) = match next {
+            Some(p) if norm.is_some() => (self.q8_args(p, n), self.half_args(p, n)),
+            _ => ([Arg::P(0), Arg::P(0), Arg::P(0)], [Arg::P(0), Arg::I(0)]),
         };
         // A cluster of blocks per token when the row splits into slices of
         // whole 32-value units that the blocks hold in registers (AN_V = 8
@@ -2197,6 +2245,8 @@ impl CudaBackend {
                 q[0],
                 q[1],
                 q[2],
+                h[0],
+                h[1],
             ],
         )
     }
@@ -2290,9 +2340,14 @@ impl CudaBackend {
                 &cache,
                 &[Arg::P(self.kv_k[g].ptr), Arg::P(self.kv_v[g].ptr)],
             ]);
+            // A warp per (head, token), QP_WARPS = 4 a block.
             self.gpu.launch(
                 self.k.qkv_post,
-                ((d.n_heads + 2 * d.n_kv_heads) as u32, n as u32, 1),
+                (
+                    (d.n_heads + 2 * d.n_kv_heads).div_ceil(4) as u32,
+                    n as u32,
+                    1,
+                ),
                 128,
                 qkv_args.get(),
             )?;
@@ -2394,17 +2449,21 @@ impl CudaBackend {
             )?;
             let gu_stride = l.gate_up.rows;
             self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride, true)?;
-            let total = n * inter;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-            let q = if total % 32 == 0 {
+            let q = if inter % 32 == 0 {
                 self.q8_args(&l.down, n)
             } else {
                 [Arg::P(0), Arg::P(0), Arg::P(0)]
             };
-            let down_q8 = !matches!(q[0], Arg::P(0));
+            let h = self.half_args(&l.down, n);
+            let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
             self.gpu.launch(
                 self.k.act_mul,
-                (total.div_ceil(256).clamp(1, 8192) as u32, 1, 1),
+                (
+                    inter.div_ceil(256).clamp(1, 8192) as u32,
+                    n.min(65535) as u32,
+                    1,
+                ),
                 256,
                 &[
                     Arg::P(s.gu.ptr),
@@ -2417,9 +2476,11 @@ impl CudaBackend {
                     q[0],
                     q[1],
                     q[2],
+                    h[0],
+                    h[1],
                 ],
             )?;
-            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid, down_q8)?;
+            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid, down_staged)?;
             let next = self.layers.get(li + 1);
             self.add_norm(
                 n,
@@ -2452,7 +2513,7 @@ impl CudaBackend {
         if self.mv_path(k) && self.uses_q8(out) {
             self.quantize_x(s.seln.ptr, hid, k)?;
         }
-        self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size)?;
+        self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size, false)?;
         if let Some(c) = d.final_softcap {
             let total = k * d.vocab_size;
             self.gpu.launch(
