@@ -62,7 +62,11 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
     }
 }
 
-#define MVF_UNROLL 8
+// 16-byte loads per lane in flight. 4 beats 8 (8B bf16 layer chain 4.92 ->
+// 4.71 ms, 1B 0.835 -> 0.765 in `cuda_check --gemv-micro`: 52 registers, more
+// warps resident); 2, 3, 6, 12, 16, two rows per warp and a two-set
+// software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
+#define MVF_UNROLL 4
 
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.

@@ -290,6 +290,8 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
         p = base + n_heads * hd + kvd + kh * hd;
         kind = 2;
     }
+    // Unrolled: a lane's loads issue together (one round trip, not hd / 32).
+#pragma unroll 8
     for (int i = lane; i < hd; i += 32) h[i] = p[i];
     __syncwarp();
     u32 pos = positions[t];
@@ -297,10 +299,12 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
         const float* nw = kind == 0 ? qnw : knw;
         if (nw) {
             double s = 0.0;
+#pragma unroll 8
             for (int i = lane; i < hd; i += 32) s += (double)h[i] * (double)h[i];
             double ss = warp_sum_d(s);
             float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
             __syncwarp();
+#pragma unroll 8
             for (int i = lane; i < hd; i += 32) h[i] = h[i] * inv * nw[i];
             __syncwarp();
         }
@@ -308,6 +312,7 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
             int half = rope_dim >> 1;
             const float* cs = cosb + (u64)pos * half;
             const float* sn = sinb + (u64)pos * half;
+#pragma unroll 4
             for (int i = lane; i < half; i += 32) {
                 int a = neox ? i : 2 * i;
                 int bb = neox ? i + half : 2 * i + 1;
@@ -320,12 +325,15 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
     }
     // Q and K are written back too (the GEMM prefill attention reads Q
     // from here), K and V also go to the cache.
-    if (kind < 2)
+    if (kind < 2) {
+#pragma unroll 8
         for (int i = lane; i < hd; i += 32) p[i] = h[i];
+    }
     if (kind == 0) return;
     u32 blk = tables[(u64)rowidx[t] * tstride + pos / bs];
     u64 at = (((u64)blk * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
     float* dst = (kind == 1 ? kc : vc) + at;
+#pragma unroll 8
     for (int i = lane; i < hd; i += 32) dst[i] = h[i];
 }
 
