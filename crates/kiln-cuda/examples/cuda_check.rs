@@ -1367,7 +1367,7 @@ fn gemv_micro(cases: &[String]) -> Result<(), String> {
         "8b/q4_0/mvqs8_q4_0r/16/512",
         "8b/q4_0/rd_rows/8/256",
         "8b/q8_0/mvq_q8_0r/8/256",
-        "8b/q8_0/mvqs4_q8_0r/16/512",
+        "8b/q8_0/rd_rows/8/256",
         "8b/q4_k/mvq_q4_k/8/256",
         "8b/q6_k/mvq_q6_k/8/256",
         "8b/bf16/mvf_bf16/8/256",

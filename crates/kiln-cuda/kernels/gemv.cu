@@ -243,12 +243,14 @@ template <int T>
 struct Rq;
 template <>
 struct Rq<T_Q8_0R> {
-    static constexpr int QB = 32, QW = 2;
+    // UW: 16-byte words per lane in flight in mvqr_impl (4 beat 8, 2 and 6
+    // for Q8_0: 8B layer chain 2.89 -> 2.67 ms, NOTES.md run 50).
+    static constexpr int QB = 32, QW = 2, UW = 4;
 };
 
 template <>
 struct Rq<T_Q4_0R> {
-    static constexpr int QB = 16, QW = 1;
+    static constexpr int QB = 16, QW = 1, UW = 8;
 };
 
 template <int T>
@@ -420,19 +422,17 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
     if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
 }
 
-// One token, repacked types: a lane's first MVQR_U 16-byte words of quants
-// (4 Q8_0 blocks: all of a 4096-column row) are loaded into registers
-// before waiting for x, so they overlap the previous kernel under
-// programmatic dependent launch and a warp needs one memory round trip per
-// MVQR_U blocks per lane (the prefetching kernel above took one per 2).
+// One token, repacked types: a lane's first Rq<T>::UW 16-byte words of
+// quants (2 Q8_0 blocks, 8 Q4_0 blocks) are loaded into registers before
+// waiting for x, so they overlap the previous kernel under programmatic
+// dependent launch, and each later round trip brings as many again.
 // Units are still summed in increasing order per lane, as in mvq_impl.
-#define MVQR_U 8
 template <int T>
 __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
                                           const float* __restrict__ bias) {
-    constexpr int U = MVQR_U / Rq<T>::QW;
+    constexpr int U = Rq<T>::UW / Rq<T>::QW;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= rows) return;
@@ -582,9 +582,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 MVQS(q4_0r, T_Q4_0R, 2)
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
-MVQS(q8_0r, T_Q8_0R, 2)
-MVQS(q8_0r, T_Q8_0R, 4)
-MVQS(q8_0r, T_Q8_0R, 8)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.

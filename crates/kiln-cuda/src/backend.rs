@@ -142,11 +142,8 @@ pub(crate) const MVQS_THREADS: u32 = 512;
 
 /// The matrices the streaming one-token GEMV (`mvqs{U}_*` in gemv.cu)
 /// takes: kernel-table index and name suffix.
-fn mvqs_types() -> [(usize, &'static str); 2] {
-    [
-        (REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r"),
-        (REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r"),
-    ]
+fn mvqs_types() -> [(usize, &'static str); 1] {
+    [(REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r")]
 }
 
 /// Blocks per lane in flight (U) and the kernels' name suffix of the
@@ -154,10 +151,9 @@ fn mvqs_types() -> [(usize, &'static str); 2] {
 /// (`repacked`: in the repacked layout), when that kernel takes it, else
 /// None (`mvq_*`). Chosen per shape from `cuda_check --gemv-micro` (8B / 1B
 /// layer matrices on the H100) and decode tok/s: Q4_0 always, 4 blocks up
-/// to 4096 columns (more cost occupancy), 8 beyond; Q8_0 only past 8192
-/// columns, 4 blocks (streaming every Q8_0 matrix decoded the 1B shape at
-/// 884 tok/s against 922 with the register-preloading `mvq_q8_0r`, the 8B
-/// shape at 221 against 213: the gain is its 14,336-column down projection).
+/// to 4096 columns (more cost occupancy), 8 beyond. Q8_0 never: with two
+/// blocks per lane in flight the register-preloading `mvq_q8_0r` beats it
+/// on every 8B / 1B matrix (8B chain 2.67 ms against 2.76).
 pub(crate) fn mvqs_kernel(
     ty: GgmlType,
     repacked: bool,
@@ -168,7 +164,6 @@ pub(crate) fn mvqs_kernel(
     }
     match (ty, repacked) {
         (GgmlType::Q4_0, true) => Some((if cols <= 4096 { 4 } else { 8 }, "q4_0r")),
-        (GgmlType::Q8_0, true) => (cols > 8192).then_some((4, "q8_0r")),
         _ => None,
     }
 }
