@@ -659,8 +659,8 @@ pub struct CudaBackend {
     /// Most slices per row of the greedy argmax (`$KILN_CUDA_ARGMAX_SLICES`,
     /// default and at most ARGMAX_SLICES).
     argmax_max: usize,
-    /// `add_norm` as a cluster of blocks per token (sm_90+, unless
-    /// `$KILN_CUDA_CLUSTER` is 0).
+    /// `add_norm` as a cluster of blocks per token for rows past 4096
+    /// values (sm_90+, unless `$KILN_CUDA_CLUSTER` is 0).
     clusters: bool,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
@@ -1246,7 +1246,9 @@ impl CudaBackend {
         // Chunks of up to `att_gemm_cap` tokens against up to
         // `att_gemm_keys` visible positions: scores (f32 + f16) per head,
         // within ATT_GEMM_MAX_BYTES (fewer keys first, then fewer tokens).
-        let mut att_gemm_cap = if (blas.is_some() || flash.is_some()) && att_gemm_min > 0 {
+        // Both take 16-bit Q/K/V: only with the 16-bit GEMMs (cuBLAS on),
+        // never in exact or batch-invariant runs.
+        let mut att_gemm_cap = if blas.is_some() && att_gemm_min > 0 {
             b.min(2048)
         } else {
             0
@@ -2203,8 +2205,12 @@ impl CudaBackend {
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         // Decode-sized steps only (below the GEMM threshold, as the GEMVs):
         // with hundreds of tokens one block each is parallel enough and the
-        // clusters measured slower (pp512 -15 to -22%).
-        let cluster = if self.clusters && n < self.gemm_min {
+        // clusters measured slower (pp512 -15 to -22%). And only rows that
+        // one block cannot hold in registers (AN_THREADS * AN_V): a single
+        // block leaves the next GEMV's early weight loads more SMs (decode
+        // 1B Q8_0 1,191 -> 1,237 tok/s, 1B bf16 838 -> 851, 8B Q4_0 393 ->
+        // 397 without the cluster at 2048 / 4096 values a row).
+        let cluster = if self.clusters && n < self.gemm_min && hid > 512 * 8 {
             [8usize, 4, 2]
                 .into_iter()
                 .find(|&c| hid % (32 * c) == 0 && hid / c <= 8 * 256)
