@@ -257,6 +257,16 @@ extern "C" __global__ void gather_norm(const float* x, const u32* rows, const fl
     for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
 }
 
+// One RoPE pair (x0, x1) rotated by (c, s), each output's multiply-adds
+// spelled out so that qkv_post and the fused decode attention round alike
+// (left to the compiler, the contraction differed between them).
+__device__ __forceinline__ float rope_lo(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+}
+__device__ __forceinline__ float rope_hi(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, s, __fmul_rn(x1, c));
+}
+
 // After the QKV projection, a warp per (head, token) (grid: (ceil((n_heads +
 // 2 n_kv) / warps), n); block: warps x 32, at most QP_WARPS warps):
 // Q and K heads: optional per-head RMSNorm, RoPE; Q and K are written back in
@@ -317,8 +327,8 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
                 int a = neox ? i : 2 * i;
                 int bb = neox ? i + half : 2 * i + 1;
                 float x0 = h[a], x1 = h[bb], c = cs[i], s = sn[i];
-                h[a] = x0 * c - x1 * s;
-                h[bb] = x0 * s + x1 * c;
+                h[a] = rope_lo(x0, x1, c, s);
+                h[bb] = rope_hi(x0, x1, c, s);
             }
             __syncwarp();
         }
@@ -367,12 +377,85 @@ __device__ __forceinline__ void load_kv_row(const float* kc, const float* vc, co
     }
 }
 
+// qkv_post's per-head work on a head held as attention holds it (lane l:
+// dims l, l + 32, ...; hd == 32 * DPL), the same operations in the same
+// order: optional RMSNorm (nw), then RoPE over the whole head (cosb; NeoX
+// pairs (i, i + hd / 2) sit in one lane, pairs (2i, 2i + 1) in a lane and
+// its neighbour).
 template <int DPL>
+__device__ __forceinline__ void head_post(float* v, const float* nw, float eps, const float* cosb,
+                                          const float* sinb, int neox, u32 pos, int lane) {
+    constexpr int hd = 32 * DPL, half = hd / 2;
+    if (nw) {
+        double s = 0.0;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) s += (double)v[i] * (double)v[i];
+        double ss = warp_sum_d(s);
+        float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+#pragma unroll
+        for (int i = 0; i < DPL; i++) v[i] = v[i] * inv * nw[lane + 32 * i];
+    }
+    if (!cosb) return;
+    const float* cs = cosb + (u64)pos * half;
+    const float* sn = sinb + (u64)pos * half;
+    if (neox) {
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            int d = lane + 32 * i;
+            float x0 = v[i], x1 = v[i + DPL / 2], c = cs[d], s = sn[d];
+            v[i] = rope_lo(x0, x1, c, s);
+            v[i + DPL / 2] = rope_hi(x0, x1, c, s);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            float o = __shfl_xor_sync(0xffffffffu, v[i], 1);
+            float c = cs[d >> 1], s = sn[d >> 1];
+            v[i] = (d & 1) == 0 ? rope_lo(v[i], o, c, s) : rope_hi(o, v[i], c, s);
+        }
+    }
+}
+
+// One position into a warp's online softmax: score, running max and sum,
+// accumulated e * V.
+template <int DPL>
+__device__ __forceinline__ void att_step(const float* qv, const float* kv, const float* vv, int hd, int lane,
+                                         float scale, float softcap, float& m, float& l, float* acc) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) s += qv[i] * kv[i];
+    }
+    s = warp_sum(s) * scale;
+    if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+    float mn = fmaxf(m, s);
+    float corr = __expf(m - mn);
+    float e = __expf(s - mn);
+    l = l * corr + e;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        acc[i] = acc[i] * corr + (d < hd ? e * vv[i] : 0.0f);
+    }
+    m = mn;
+}
+
+// FUSED (one token per sequence in the step, causal): qkv_post's work is
+// done here instead. q is then the raw QKV row; every block applies the
+// norm and RoPE to its query head, the block holding the token's own
+// position computes that position's K (and reads V) from the QKV row rather
+// than the cache, and the first query head of each KV group writes both to
+// the cache for later steps.
+template <int DPL, bool FUSED>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
                                                int tstride, int bs, int nlg, int lig, int window, float scale,
-                                               float softcap, float* out, int ostride, float* part, u32* counters) {
+                                               float softcap, float* out, int ostride, float* part, u32* counters,
+                                               const float* qnw, const float* knw, float eps, const float* cosb,
+                                               const float* sinb, int neox) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][DPL * 32];
     __shared__ int last;
@@ -416,8 +499,13 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         qv[i] = d < hd ? qh[d] : 0.0f;
         acc[i] = 0.0f;
     }
+    if (FUSED) head_post<DPL>(qv, qnw, eps, cosb, sinb, neox, pos, lane);
     float m = -INFINITY, l = 0.0f;
-    for (int p = p0, it = 0; p < end; p += ATT_WARPS, it++) {
+    // FUSED: the token's own position (the last of the range, so the last
+    // of its warp's) is taken after the loop, from the QKV row.
+    bool own = FUSED && end == (int)pos + 1;
+    int lend = own ? end - 1 : end;
+    for (int p = p0, it = 0; p < lend; p += ATT_WARPS, it++) {
         // V loaded with K: one memory round trip per position, not two.
         float kv[DPL], vv[DPL];
         bool had = false;
@@ -432,24 +520,30 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 }
             }
         if (!had) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, kv, vv);
-        float s = 0.0f;
+        att_step<DPL>(qv, kv, vv, hd, lane, scale, softcap, m, l, acc);
+    }
+    if (own && (int)pos >= p0 && ((int)pos - p0) % ATT_WARPS == 0) {
+        const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+        float kv[DPL], vv[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) s += qv[i] * kv[i];
+            kv[i] = d < hd ? kr[d] : 0.0f;
+            vv[i] = d < hd ? kr[kvd + d] : 0.0f;
         }
-        s = warp_sum(s) * scale;
-        if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-        float mn = fmaxf(m, s);
-        float corr = __expf(m - mn);
-        float e = __expf(s - mn);
-        l = l * corr + e;
+        head_post<DPL>(kv, knw, eps, cosb, sinb, neox, pos, lane);
+        if (h % group == 0) {
+            u64 at = (((u64)table[pos / bs] * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            acc[i] = acc[i] * corr + (d < hd ? e * vv[i] : 0.0f);
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                if (d < hd) {
+                    ((float*)kc)[at + d] = kv[i];
+                    ((float*)vc)[at + d] = vv[i];
+                }
+            }
         }
-        m = mn;
+        att_step<DPL>(qv, kv, vv, hd, lane, scale, softcap, m, l, acc);
     }
     if (lane == 0) {
         sm[warp] = m;
@@ -544,8 +638,19 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters) {                                                                               \
-        attention_impl<DPL>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, \
-                            bs, nlg, lig, window, scale, softcap, out, ostride, part, counters);       \
+        attention_impl<DPL, false>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
+                                   tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,  \
+                                   counters, 0, 0, 0.0f, 0, 0, 0);                                     \
+    }                                                                                                  \
+    extern "C" __global__ void attention_f##DPL(                                                       \
+        const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters, const float* qnw, const float* knw, float eps, const float* cosb, const float* sinb, \
+        int neox) {                                                                                    \
+        attention_impl<DPL, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
+                                  tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,   \
+                                  counters, qnw, knw, eps, cosb, sinb, neox);                          \
     }
 ATTENTION(2)
 ATTENTION(4)

@@ -450,6 +450,8 @@ struct Kernels {
     /// Attention sharing K/V loads among 2, 4, 8 query heads per KV head.
     attention_gqa: [cudarc::driver::sys::CUfunction; 3],
     attention_tile: cudarc::driver::sys::CUfunction,
+    /// `attention_d2/d4` doing qkv_post's work themselves (`attention_f2/f4`).
+    attention_fused: [cudarc::driver::sys::CUfunction; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -543,6 +545,7 @@ impl Kernels {
                 gpu.func("attention_g8")?,
             ],
             attention_tile: gpu.func("attention_tile")?,
+            attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -679,6 +682,9 @@ pub struct CudaBackend {
     /// Those chunks through the flash-attention kernel rather than cuBLAS
     /// (sm_80+, head dim 64 or 128, unless `$KILN_CUDA_FLASH` is 0).
     flash: Option<cudarc::driver::sys::CUfunction>,
+    /// Decode attention does qkv_post's work where it can (unless
+    /// `$KILN_CUDA_FUSE_QKV` is 0).
+    fuse_qkv: bool,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1520,6 +1526,7 @@ impl CudaBackend {
             att_gemm_cap,
             att_gemm_keys,
             flash: flash_f,
+            fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -2341,17 +2348,32 @@ impl CudaBackend {
                 &cache,
                 &[Arg::P(self.kv_k[g].ptr), Arg::P(self.kv_v[g].ptr)],
             ]);
-            // A warp per (head, token), QP_WARPS = 4 a block.
-            self.gpu.launch(
-                self.k.qkv_post,
-                (
-                    (d.n_heads + 2 * d.n_kv_heads).div_ceil(4) as u32,
-                    n as u32,
-                    1,
-                ),
-                128,
-                qkv_args.get(),
-            )?;
+            let gemm_chunk = chunk.filter(|&p0| {
+                n >= self.att_gemm_min && n <= self.att_gemm_cap && p0 + n <= self.att_gemm_keys
+            });
+            // qkv_post's work inside the decode attention (`attention_f*`):
+            // one token per sequence (no token reads another's new K/V), RoPE
+            // over whole heads of 64 or 128 dims.
+            let fused = self.fuse_qkv
+                && d.causal
+                && n < self.att_gqa_min
+                && gemm_chunk.is_none()
+                && self.row_seqs.len() == n
+                && matches!(d.head_dim, 64 | 128)
+                && rope.is_none_or(|r| r.dim == d.head_dim);
+            if !fused {
+                // A warp per (head, token), QP_WARPS = 4 a block.
+                self.gpu.launch(
+                    self.k.qkv_post,
+                    (
+                        (d.n_heads + 2 * d.n_kv_heads).div_ceil(4) as u32,
+                        n as u32,
+                        1,
+                    ),
+                    128,
+                    qkv_args.get(),
+                )?;
+            }
             // Many tokens: one block per KV head and token (K/V read once per
             // GQA group); few (decode): one per query head, for parallelism.
             let gqa = match d.n_heads / d.n_kv_heads {
@@ -2385,9 +2407,6 @@ impl CudaBackend {
                     Arg::I(qd as i32),
                 ],
             ]);
-            let gemm_chunk = chunk.filter(|&p0| {
-                n >= self.att_gemm_min && n <= self.att_gemm_cap && p0 + n <= self.att_gemm_keys
-            });
             if let Some(p0) = gemm_chunk {
                 self.attention_gemm(n, p0, window, g, &cache)?;
             } else if n >= self.att_gqa_min
@@ -2413,11 +2432,15 @@ impl CudaBackend {
                 )?;
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
-                let att_dec = self.k.attention[match d.head_dim {
-                    0..=64 => 0,
-                    65..=128 => 1,
-                    _ => 2,
-                }];
+                let att_dec = if fused {
+                    self.k.attention_fused[d.head_dim / 128]
+                } else {
+                    self.k.attention[match d.head_dim {
+                        0..=64 => 0,
+                        65..=128 => 1,
+                        _ => 2,
+                    }]
+                };
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
                     None if n <= self.att_split_tokens => (att_dec, d.n_heads, split),
@@ -2431,7 +2454,17 @@ impl CudaBackend {
                 // `attention` takes the split scratch too; `attention_g*`
                 // stop before it (a launch reads only its kernel's own).
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
-                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch]);
+                // `attention_f*` also take qkv_post's norm and RoPE arguments.
+                let post_args = [
+                    Arg::P(opt_ptr(&l.q_norm)),
+                    Arg::P(opt_ptr(&l.k_norm)),
+                    Arg::F(d.norm_eps),
+                    Arg::P(rope.map_or(0, |r| r.cos.ptr)),
+                    Arg::P(rope.map_or(0, |r| r.sin.ptr)),
+                    Arg::I(rope.map_or(0, |r| i32::from(r.neox))),
+                ];
+                let post: &[Arg] = if fused { &post_args } else { &[] };
+                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, post]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),
