@@ -788,6 +788,79 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
     }));
 }
 
+/// The decode attention doing qkv_post's work (`CudaOptions::fuse_qkv`)
+/// against the separate kernels, which the fixtures cover (their heads of
+/// 16 and 32 dims never take the fused kernels): bit-identical logits over
+/// 12 one-sequence and 12 two-sequence decode steps of a 2-layer synthetic
+/// model of the Llama-3.2-1B shape (head dim 64, GGUF RoPE pairs; the
+/// NeoX halves and Qwen3's head norms were compared on the device with
+/// `--logits`, docs/BENCHMARKS.md).
+fn fused_check(rows: &mut Vec<Row>) {
+    let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
+        let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+        let mut o = opts();
+        o.max_seqs = 2;
+        let layout = layout_for(&desc, o);
+        let b = CudaBackend::new(
+            model.clone(),
+            desc,
+            layout.clone(),
+            o.max_chunk,
+            CudaOptions {
+                fuse_qkv: fuse,
+                ..CudaOptions::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let mut e = Engine::new(b, layout);
+        let err = |e: kiln_core::EngineError| e.to_string();
+        let mut out = e
+            .prefill(0, &[11, 12, 13, 14, 15, 16, 17, 18, 19])
+            .map_err(err)?
+            .to_vec();
+        out.extend_from_slice(e.prefill(1, &[21, 22, 23, 24, 25]).map_err(err)?);
+        let (mut a, mut b) = (5u32, 7u32);
+        for _ in 0..12 {
+            let l = e.decode(0, a).map_err(err)?.to_vec();
+            a = kiln_core::sampler::argmax(&l);
+            out.extend_from_slice(&l);
+            let l = e.decode_batch(&[(0, a), (1, b)]).map_err(err)?.to_vec();
+            let v = l.len() / 2;
+            a = kiln_core::sampler::argmax(&l[..v]);
+            b = kiln_core::sampler::argmax(&l[v..]);
+            out.extend_from_slice(&l);
+        }
+        Ok(out)
+    };
+    let row = (|| -> Result<Row, String> {
+        let model = Arc::new(synth_llama(GgmlType::Q8_0, 2)?);
+        let (plain, fused) = (run(&model, false)?, run(&model, true)?);
+        let diff = max_abs(&plain, &fused);
+        let same = plain
+            .iter()
+            .zip(&fused)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        Ok(Row {
+            model: "synthetic 1B shape, 2 layers".into(),
+            file: "q8_0, decode attention with qkv_post fused".into(),
+            against: "separate qkv_post".into(),
+            max_abs: diff,
+            rel: diff / max_mag(&plain),
+            greedy: if same { "bit-identical" } else { "differs" }.into(),
+            ok: same,
+        })
+    })();
+    rows.push(row.unwrap_or_else(|e| Row {
+        model: "synthetic 1B shape".into(),
+        file: "fused qkv_post".into(),
+        against: "separate qkv_post".into(),
+        max_abs: f32::NAN,
+        rel: f32::NAN,
+        greedy: format!("error: {e}"),
+        ok: false,
+    }));
+}
+
 fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     println!(
         "\n## model level: tiny fixtures (all positions via prefill chunks of 7, KV blocks of 4)"
@@ -812,6 +885,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     for name in ["qwen3", "gemma3"] {
         check_batch(&tiny.join(name), name, &mut rows);
     }
+    fused_check(&mut rows);
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {

@@ -260,6 +260,11 @@ pub struct CudaOptions {
     /// batched decode above 8 sequences. `$KILN_CUDA_INVARIANT=1` sets the
     /// default.
     pub invariant: bool,
+    /// Steps of one token per sequence run qkv_post's per-head norm and
+    /// RoPE inside the decode attention, which also writes the new K/V
+    /// (one launch fewer a layer; logits bit-identical).
+    /// `$KILN_CUDA_FUSE_QKV=0` turns it off.
+    pub fuse_qkv: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -294,6 +299,7 @@ impl Default for CudaOptions {
                 .unwrap_or(8),
             exact: std::env::var("KILN_CUDA_EXACT").is_ok_and(|v| v == "1"),
             invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
+            fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -682,8 +688,7 @@ pub struct CudaBackend {
     /// Those chunks through the flash-attention kernel rather than cuBLAS
     /// (sm_80+, head dim 64 or 128, unless `$KILN_CUDA_FLASH` is 0).
     flash: Option<cudarc::driver::sys::CUfunction>,
-    /// Decode attention does qkv_post's work where it can (unless
-    /// `$KILN_CUDA_FUSE_QKV` is 0).
+    /// See [`CudaOptions::fuse_qkv`].
     fuse_qkv: bool,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
@@ -1526,7 +1531,7 @@ impl CudaBackend {
             att_gemm_cap,
             att_gemm_keys,
             flash: flash_f,
-            fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
+            fuse_qkv: opts.fuse_qkv,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
