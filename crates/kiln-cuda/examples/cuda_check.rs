@@ -384,20 +384,26 @@ fn cuda_engine_with(
     graphs: bool,
     exact: bool,
 ) -> Result<Engine<CudaBackend>, String> {
-    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
-    let layout = layout_for(&desc, o);
-    let b = CudaBackend::new(
-        model.clone(),
-        desc,
-        layout.clone(),
-        o.max_chunk,
+    cuda_engine_opts(
+        model,
+        o,
         CudaOptions {
             graphs,
             exact,
             ..CudaOptions::default()
         },
     )
-    .map_err(|e| e.to_string())?;
+}
+
+fn cuda_engine_opts(
+    model: &Arc<Model>,
+    o: EngineOptions,
+    co: CudaOptions,
+) -> Result<Engine<CudaBackend>, String> {
+    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+    let layout = layout_for(&desc, o);
+    let b = CudaBackend::new(model.clone(), desc, layout.clone(), o.max_chunk, co)
+        .map_err(|e| e.to_string())?;
     Ok(Engine::new(b, layout))
 }
 
@@ -797,22 +803,13 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
 /// `--logits`, docs/BENCHMARKS.md).
 fn fused_check(rows: &mut Vec<Row>) {
     let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
-        let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
         let mut o = opts();
         o.max_seqs = 2;
-        let layout = layout_for(&desc, o);
-        let b = CudaBackend::new(
-            model.clone(),
-            desc,
-            layout.clone(),
-            o.max_chunk,
-            CudaOptions {
-                fuse_qkv: fuse,
-                ..CudaOptions::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let mut e = Engine::new(b, layout);
+        let co = CudaOptions {
+            fuse_qkv: fuse,
+            ..CudaOptions::default()
+        };
+        let mut e = cuda_engine_opts(model, o, co)?;
         let err = |e: kiln_core::EngineError| e.to_string();
         let mut out = e
             .prefill(0, &[11, 12, 13, 14, 15, 16, 17, 18, 19])
