@@ -93,12 +93,12 @@ impl KvLayout {
         self.groups[group].layers.len() * self.block_size * self.kv_dim
     }
 
-    /// Bytes of K and V storage for the whole pool (f32).
     /// KV blocks in the pool, all groups together.
     pub fn total_blocks(&self) -> usize {
         self.groups.iter().map(|g| g.n_blocks).sum()
     }
 
+    /// Bytes of K and V storage for the whole pool (f32).
     pub fn total_bytes(&self) -> usize {
         (0..self.groups.len())
             .map(|g| self.groups[g].n_blocks * self.block_elems(g) * 2 * 4)

@@ -528,6 +528,21 @@ struct Row {
     ok: bool,
 }
 
+impl Row {
+    /// A check that could not run: its error in the greedy column, failed.
+    fn failed(model: &str, file: &str, against: &str, e: &str) -> Row {
+        Row {
+            model: model.into(),
+            file: file.into(),
+            against: against.into(),
+            max_abs: f32::NAN,
+            rel: f32::NAN,
+            greedy: format!("error: {e}"),
+            ok: false,
+        }
+    }
+}
+
 fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
     let Some(r) = Arrays::open(&dir.join("ref_hf.safetensors")) else {
         return;
@@ -617,15 +632,7 @@ fn check_f32(dir: &Path, name: &str, rows: &mut Vec<Row>) {
                     && stop_ok,
             })
         })();
-        rows.push(row.unwrap_or_else(|e| Row {
-            model: name.into(),
-            file,
-            against: "HF f64".into(),
-            max_abs: f32::NAN,
-            rel: f32::NAN,
-            greedy: format!("error: {e}"),
-            ok: false,
-        }));
+        rows.push(row.unwrap_or_else(|e| Row::failed(name, &file, "HF f64", &e)));
     }
 }
 
@@ -682,15 +689,7 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
                 ok: deq <= 1e-3 && gc == gg,
             })
         })();
-        rows.push(row.unwrap_or_else(|e| Row {
-            model: name.into(),
-            file: file.clone(),
-            against: "CPU".into(),
-            max_abs: f32::NAN,
-            rel: f32::NAN,
-            greedy: format!("error: {e}"),
-            ok: false,
-        }));
+        rows.push(row.unwrap_or_else(|e| Row::failed(name, &file, "CPU", &e)));
         // The default decode path: one token per step, 8-bit activations in
         // the GEMVs (as the CPU's fast kernels and llama.cpp). Held to the
         // CPU fast path's own rule: within 1.5x its distance from the f64
@@ -730,15 +729,7 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
                 ok: d <= 1.5 * dc + 0.02,
             })
         })();
-        rows.push(row.unwrap_or_else(|e| Row {
-            model: name.into(),
-            file,
-            against: "CPU".into(),
-            max_abs: f32::NAN,
-            rel: f32::NAN,
-            greedy: format!("error: {e}"),
-            ok: false,
-        }));
+        rows.push(row.unwrap_or_else(|e| Row::failed(name, &file, "CPU", &e)));
     }
 }
 
@@ -783,15 +774,7 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
             ok: worst <= 1e-3 && same == gen.len(),
         })
     })();
-    rows.push(row.unwrap_or_else(|e| Row {
-        model: name.into(),
-        file: "batch".into(),
-        against: "HF f64".into(),
-        max_abs: f32::NAN,
-        rel: f32::NAN,
-        greedy: format!("error: {e}"),
-        ok: false,
-    }));
+    rows.push(row.unwrap_or_else(|e| Row::failed(name, "batch", "HF f64", &e)));
 }
 
 /// The decode attention doing qkv_post's work (`CudaOptions::fuse_qkv`)
@@ -847,14 +830,13 @@ fn fused_check(rows: &mut Vec<Row>) {
             ok: same,
         })
     })();
-    rows.push(row.unwrap_or_else(|e| Row {
-        model: "synthetic 1B shape".into(),
-        file: "fused qkv_post".into(),
-        against: "separate qkv_post".into(),
-        max_abs: f32::NAN,
-        rel: f32::NAN,
-        greedy: format!("error: {e}"),
-        ok: false,
+    rows.push(row.unwrap_or_else(|e| {
+        Row::failed(
+            "synthetic 1B shape",
+            "fused qkv_post",
+            "separate qkv_post",
+            &e,
+        )
     }));
 }
 

@@ -212,6 +212,55 @@ const ATT_GEMM_MAX_BYTES: usize = 1 << 30;
 /// Query rows per block of the flash-attention kernel (FA_BR in flash.cu).
 const FLASH_ROWS: usize = 64;
 
+/// One launch of a flash-attention kernel (`flash_d*` in flash.cu): `n`
+/// query rows at `q` (f32, row stride `qstride`, head h at h x head dim,
+/// RoPE applied), the sequence's first `keys` K and V rows as f16 (row
+/// stride `kvd`), the chunk starting at position `p0`, `group` query heads
+/// per KV head; f32 output rows at `out` (row stride `ostride`).
+pub(crate) struct FlashCall {
+    pub q: u64,
+    pub qstride: usize,
+    pub k: u64,
+    pub v: u64,
+    pub kvd: usize,
+    pub heads: usize,
+    pub n: usize,
+    pub keys: usize,
+    pub p0: usize,
+    pub group: usize,
+    pub scale: f32,
+    pub softcap: f32,
+    pub window: i32,
+    pub out: u64,
+    pub ostride: usize,
+}
+
+impl FlashCall {
+    pub(crate) fn launch(&self, gpu: &Gpu, f: cudarc::driver::sys::CUfunction) -> CuResult<()> {
+        gpu.launch(
+            f,
+            (self.n.div_ceil(FLASH_ROWS) as u32, self.heads as u32, 1),
+            128,
+            &[
+                Arg::P(self.q),
+                Arg::I(self.qstride as i32),
+                Arg::P(self.k),
+                Arg::P(self.v),
+                Arg::I(self.kvd as i32),
+                Arg::I(self.n as i32),
+                Arg::I(self.keys as i32),
+                Arg::I(self.p0 as i32),
+                Arg::I(self.group as i32),
+                Arg::F(self.scale),
+                Arg::F(self.softcap),
+                Arg::I(self.window),
+                Arg::P(self.out),
+                Arg::I(self.ostride as i32),
+            ],
+        )
+    }
+}
+
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
 /// The most slices a context of `max_ctx` positions is split into: one per
@@ -1995,27 +2044,24 @@ impl CudaBackend {
             gather.get(),
         )?;
         if let Some(f) = self.flash {
-            return self.gpu.launch(
-                f,
-                (n.div_ceil(FLASH_ROWS) as u32, d.n_heads as u32, 1),
-                128,
-                &[
-                    Arg::P(self.s.qkv.ptr),
-                    Arg::I(qkv_dim as i32),
-                    Arg::P(kh),
-                    Arg::P(vh),
-                    Arg::I(kvd as i32),
-                    Arg::I(n as i32),
-                    Arg::I(keys as i32),
-                    Arg::I(p0 as i32),
-                    Arg::I(g as i32),
-                    Arg::F(d.attn_scale),
-                    Arg::F(d.attn_softcap.unwrap_or(0.0)),
-                    Arg::I(window),
-                    Arg::P(self.s.att.ptr),
-                    Arg::I(qd as i32),
-                ],
-            );
+            let call = FlashCall {
+                q: self.s.qkv.ptr,
+                qstride: qkv_dim,
+                k: kh,
+                v: vh,
+                kvd,
+                heads: d.n_heads,
+                n,
+                keys,
+                p0,
+                group: g,
+                scale: d.attn_scale,
+                softcap: d.attn_softcap.unwrap_or(0.0),
+                window,
+                out: self.s.att.ptr,
+                ostride: qd,
+            };
+            return call.launch(&self.gpu, f);
         }
         let (Some(bl), Some(sb), Some(pb), Some(qh)) =
             (&self.blas, &self.s.att_s, &self.s.att_p, &self.s.qkvh)

@@ -411,7 +411,6 @@ pub fn dequant_rows(
     fetch(gpu, &p.y, rows * cols)
 }
 
-/// The first `len` values of `buf`, after everything queued so far.
 /// The flash-attention kernel for head dim `hd` (64 or 128) on one chunk:
 /// `q` n rows of `heads * hd` f32; `k` / `v` L rows of `kv_heads * hd` f16
 /// bits (keys 0..L-1, L = p0 + n); query row i at position p0 + i sees the
@@ -447,30 +446,28 @@ pub fn flash_attention(
     let dk = DevBuf::from_bytes(&bytes(k))?;
     let dv = DevBuf::from_bytes(&bytes(v))?;
     let dy = DevBuf::from_f32(&vec![f32::NAN; n * qd])?;
-    gpu.launch(
-        f,
-        (n.div_ceil(64) as u32, heads as u32, 1),
-        128,
-        &[
-            Arg::P(dq.ptr),
-            Arg::I(qd as i32),
-            Arg::P(dk.ptr),
-            Arg::P(dv.ptr),
-            Arg::I(kvd as i32),
-            Arg::I(n as i32),
-            Arg::I(keys as i32),
-            Arg::I(p0 as i32),
-            Arg::I((heads / kv_heads) as i32),
-            Arg::F(scale),
-            Arg::F(softcap),
-            Arg::I(window),
-            Arg::P(dy.ptr),
-            Arg::I(qd as i32),
-        ],
-    )?;
+    let call = crate::backend::FlashCall {
+        q: dq.ptr,
+        qstride: qd,
+        k: dk.ptr,
+        v: dv.ptr,
+        kvd,
+        heads,
+        n,
+        keys,
+        p0,
+        group: heads / kv_heads,
+        scale,
+        softcap,
+        window,
+        out: dy.ptr,
+        ostride: qd,
+    };
+    call.launch(gpu, f)?;
     fetch(gpu, &dy, n * qd)
 }
 
+/// The first `len` values of `buf`, after everything queued so far.
 fn fetch<T: Copy + Default>(gpu: &mut Gpu, buf: &DevBuf, len: usize) -> CuResult<Vec<T>> {
     let mut v = vec![T::default(); len];
     gpu.download_async(&mut v, buf.ptr)?;
