@@ -258,7 +258,7 @@ __device__ __forceinline__ void rload(const u8* __restrict__ row, int u, uint4* 
     const u8* p = r8_q<Rq<T>::QB>(row, u);
 #pragma unroll
     for (int i = 0; i < Rq<T>::QW; i++) q[i] = ld_stream16(p + 16 * i);
-    *d = ld_u16(row + (u >> 3) * (8 * (Rq<T>::QB + 2)) + 8 * Rq<T>::QB + (u & 7) * 2);
+    *d = ld_u16(r8_dp<Rq<T>::QB>(row, u));
 }
 
 template <int T>
@@ -579,7 +579,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                  const float* bias) {                                  \
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }
-MVQS(q4_0r, T_Q4_0R, 2)
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
 

@@ -257,6 +257,14 @@ extern "C" __global__ void gather_norm(const float* x, const u32* rows, const fl
     for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
 }
 
+// Offset of position p's row (kvd values) in a layer's paged K or V cache,
+// [block][layer in group][position in block][kv_dim]; `table`: the
+// sequence's block table. (P: the caller's index type, kept for its division.)
+template <typename P>
+__device__ __forceinline__ u64 kv_row(const u32* table, P p, int bs, int nlg, int lig, int kvd) {
+    return (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd;
+}
+
 // One RoPE pair (x0, x1) rotated by (c, s), each output's multiply-adds
 // spelled out so that qkv_post and the fused decode attention round alike
 // (left to the compiler, the contraction differed between them).
@@ -340,8 +348,7 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
         for (int i = lane; i < hd; i += 32) p[i] = h[i];
     }
     if (kind == 0) return;
-    u32 blk = tables[(u64)rowidx[t] * tstride + pos / bs];
-    u64 at = (((u64)blk * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
+    u64 at = kv_row(tables + (u64)rowidx[t] * tstride, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
     float* dst = (kind == 1 ? kc : vc) + at;
 #pragma unroll 8
     for (int i = lane; i < hd; i += 32) dst[i] = h[i];
@@ -368,7 +375,7 @@ template <int DPL>
 __device__ __forceinline__ void load_kv_row(const float* kc, const float* vc, const u32* table, int p, int bs,
                                             int nlg, int lig, int kvd, int kh, int hd, int lane, float* kv,
                                             float* vv) {
-    u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+    u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
@@ -533,7 +540,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         }
         head_post<DPL>(kv, knw, eps, cosb, sinb, neox, pos, lane);
         if (h % group == 0) {
-            u64 at = (((u64)table[pos / bs] * nlg + lig) * bs + pos % bs) * kvd + (u64)kh * hd;
+            u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 int d = lane + 32 * i;
@@ -691,8 +698,7 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
         l[g] = 0.0f;
     }
     for (int p = start + warp; p < end; p += ATT_WARPS) {
-        u32 blk = table[p / bs];
-        u64 at = (((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd;
+        u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
         const float* kp = kc + at;
         const float* vp = vc + at;
         float kx[ATT_DPL], vx[ATT_DPL];
@@ -851,10 +857,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
             int j = idx / hd, d = idx % hd;
             int p = c0 + j;
             float v = 0.0f;
-            if (p < hi) {
-                u32 blk = table[p / bs];
-                v = kc[(((u64)blk * nlg + lig) * bs + p % bs) * kvd + (u64)kh * hd + d];
-            }
+            if (p < hi) v = kc[kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd + d];
             kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
@@ -901,10 +904,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
             int j = idx / hd, d = idx % hd;
             int pp = c0 + j;
             float v = 0.0f;
-            if (pp < hi) {
-                u32 blk = table[pp / bs];
-                v = vc[(((u64)blk * nlg + lig) * bs + pp % bs) * kvd + (u64)kh * hd + d];
-            }
+            if (pp < hi) v = vc[kv_row(table, pp, bs, nlg, lig, kvd) + (u64)kh * hd + d];
             kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
@@ -945,7 +945,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
 }
 
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
-// With q (n * inter % 32 == 0, block a multiple of 32): also quantized to 8
+// With q (inter % 32 == 0, block a multiple of 32): also quantized to 8
 // bits per 32 values (a warp holds 32 consecutive, aligned values).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
                                    float* out, i8* q, float* qd, float* qs, u16* oh, int fmt) { PDL_ENTRY();
@@ -1180,7 +1180,7 @@ extern "C" __global__ void gather_kv_half(const float* __restrict__ kc, const fl
     u64 total = (u64)L * kvd;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         u64 p = i / kvd, e = i % kvd;
-        u64 at = (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd + e;
+        u64 at = kv_row(table, p, bs, nlg, lig, kvd) + e;
         kh[i] = f2half(kc[at], 0);
         vh[i] = f2half(vc[at], 0);
     }

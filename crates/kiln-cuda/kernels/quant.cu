@@ -316,9 +316,14 @@ template <int QB>
 __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
     return row + (u >> 3) * (8 * (QB + 2)) + (u & 7) * QB;
 }
+// Where unit u's f16 scale sits.
+template <int QB>
+__device__ __forceinline__ const u8* r8_dp(const u8* row, int u) {
+    return row + (u >> 3) * (8 * (QB + 2)) + 8 * QB + (u & 7) * 2;
+}
 template <int QB>
 __device__ __forceinline__ float r8_d(const u8* row, int u) {
-    return ld_h(row + (u >> 3) * (8 * (QB + 2)) + 8 * QB + (u & 7) * 2);
+    return ld_h(r8_dp<QB>(row, u));
 }
 
 template <>

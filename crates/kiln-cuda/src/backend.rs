@@ -484,9 +484,9 @@ struct Kernels {
     mvf: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
-    /// Per kernel-table index: the streaming one-token GEMV with 2, 4 and 8
+    /// Per kernel-table index: the streaming one-token GEMV with 4 and 8
     /// blocks per lane in flight ([`mvqs_kernel`]).
-    mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 3]>>,
+    mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -567,7 +567,6 @@ impl Kernels {
         }
         for (id, n) in mvqs_types() {
             mvqs[id] = Some([
-                gpu.func(&format!("mvqs2_{n}"))?,
                 gpu.func(&format!("mvqs4_{n}"))?,
                 gpu.func(&format!("mvqs8_{n}"))?,
             ]);
@@ -1757,8 +1756,8 @@ impl CudaBackend {
         let id = mat.kernel;
         let fs = self.k.mvqs[id].filter(|_| n == 1 && self.mv_path(1) && self.uses_q8(mat))?;
         let (u, _) = mvqs_kernel(mat.ty, id >= REPACKED, mat.cols)?;
-        // U = 2, 4, 8: kernels 0, 1, 2.
-        Some(fs[u.trailing_zeros() as usize - 1])
+        // U = 4, 8: kernels 0, 1.
+        Some(fs[u.trailing_zeros() as usize - 2])
     }
 
     /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
