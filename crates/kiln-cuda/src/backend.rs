@@ -421,6 +421,20 @@ impl Drop for Blas {
     }
 }
 
+/// A product's operands besides the weights (`CudaBackend::mm`): y[t] =
+/// mat . x[t] + bias for `n` tokens, y's rows `ystride` floats apart (bias
+/// 0: none); `x_half`: x's producer also wrote it to `s.xh` in the format
+/// cuBLAS reads ([`CudaBackend::half_args`]).
+#[derive(Clone, Copy)]
+struct Operands {
+    bias: u64,
+    x: u64,
+    n: usize,
+    y: u64,
+    ystride: usize,
+    x_half: bool,
+}
+
 /// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
 struct DMat {
     buf: Arc<DevBuf>,
@@ -1760,25 +1774,21 @@ impl CudaBackend {
         Some(fs[u.trailing_zeros() as usize - 2])
     }
 
-    /// y[t][r] = mat[r] . x[t] + bias[r] for n tokens, output row stride `ystride`.
+    /// y[t][r] = mat[r] . x[t] + bias[r] ([`Operands`]).
     /// One-token products of quantized weights read `s.xq`, which the caller
     /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
-    /// `x_half`: x's producer already wrote it to `s.xh` in the format
-    /// cuBLAS reads ([`CudaBackend::half_args`]).
-    #[allow(clippy::too_many_arguments)]
-    fn mm(
-        &self,
-        mat: &DMat,
-        bias: u64,
-        x: u64,
-        n: usize,
-        y: u64,
-        ystride: usize,
-        x_half: bool,
-    ) -> CuResult<()> {
-        if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, n), &self.blas) {
-            return self.gemm(bl, mat, fmt, bias, x, n, y, ystride, x_half);
+    fn mm(&self, mat: &DMat, o: Operands) -> CuResult<()> {
+        if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
+            return self.gemm(bl, mat, fmt, o);
         }
+        let Operands {
+            bias,
+            x,
+            n,
+            y,
+            ystride,
+            ..
+        } = o;
         let id = mat.kernel;
         let w = [
             Arg::P(mat.ptr()),
@@ -1865,19 +1875,15 @@ impl CudaBackend {
     /// `mm` through cuBLAS: F32 weights as they are (f32 GEMM), F16/BF16
     /// weights as they are with x rounded to the same type, other types
     /// dequantized to f16 in row chunks; f32 accumulation and output.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &self,
-        bl: &Blas,
-        mat: &DMat,
-        fmt: i32,
-        bias: u64,
-        x: u64,
-        n: usize,
-        y: u64,
-        ystride: usize,
-        x_half: bool,
-    ) -> CuResult<()> {
+    fn gemm(&self, bl: &Blas, mat: &DMat, fmt: i32, o: Operands) -> CuResult<()> {
+        let Operands {
+            bias,
+            x,
+            n,
+            y,
+            ystride,
+            x_half,
+        } = o;
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
         let (rows, cols) = (mat.rows, mat.cols);
@@ -2233,7 +2239,18 @@ impl CudaBackend {
         }
         for (mat, r0) in &p.parts {
             let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
-            self.mm(mat, bias, x, n, y + *r0 as u64 * 4, ystride, x_half)?;
+            let y = y + *r0 as u64 * 4;
+            self.mm(
+                mat,
+                Operands {
+                    bias,
+                    x,
+                    n,
+                    y,
+                    ystride,
+                    x_half,
+                },
+            )?;
         }
         Ok(())
     }
@@ -2597,7 +2614,17 @@ impl CudaBackend {
         if self.mv_path(k) && self.uses_q8(out) {
             self.quantize_x(s.seln.ptr, hid, k)?;
         }
-        self.mm(out, 0, s.seln.ptr, k, s.logits.ptr, d.vocab_size, false)?;
+        self.mm(
+            out,
+            Operands {
+                bias: 0,
+                x: s.seln.ptr,
+                n: k,
+                y: s.logits.ptr,
+                ystride: d.vocab_size,
+                x_half: false,
+            },
+        )?;
         if let Some(c) = d.final_softcap {
             let total = k * d.vocab_size;
             self.gpu.launch(
