@@ -82,53 +82,97 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 /// Kernel-table index of a repacked matrix: this plus its ggml type id.
 pub(crate) const REPACKED: usize = 48;
 
-/// Quantized types whose layer matrices are repacked at load (`repack8` in
-/// quant.cu: each run of 8 blocks as 8 quant arrays, then 8 scales, so the
-/// GEMVs read a block's quants with one 16-byte load): the kernels' name
-/// suffix and the quant bytes per block.
-pub(crate) fn repacked_name(ty: GgmlType) -> Option<(&'static str, usize)> {
+/// Quantized types whose matrices are repacked at load, and their kernels'
+/// name suffix. Q4_0 / Q8_0 (`repack8` in quant.cu): each run of 8 blocks
+/// as 8 quant arrays, then 8 scales, so the GEMVs read a block's quants with
+/// one 16-byte load. Q6_K (`repack_q6k`): the super-blocks' f16 scales moved
+/// aside so that the rest of each starts 16-byte aligned, a unit's 6-bit
+/// quants as one 16-byte and one 8-byte word.
+pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
     match ty {
-        GgmlType::Q4_0 => Some(("q4_0r", 16)),
-        GgmlType::Q8_0 => Some(("q8_0r", 32)),
+        GgmlType::Q4_0 => Some("q4_0r"),
+        GgmlType::Q8_0 => Some("q8_0r"),
+        GgmlType::Q6K => Some("q6_kr"),
         _ => None,
     }
 }
 
-/// The quant bytes per block when rows of `cols` values of `ty` are
-/// repacked (whole runs of 8 blocks), else None.
-pub(crate) fn repacked_quant_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+/// How rows of `cols` values of `ty` are repacked, when they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repack {
+    /// `repack8`: whole runs of 8 blocks of this many quant bytes.
+    Runs8(usize),
+    /// `repack_q6k`: rows of this many super-blocks.
+    Q6K(usize),
+}
+
+/// Super-blocks a Q6_K row may have to be repacked: at least as many as
+/// d's move to the row's front (up to 7), at most what `repack_q6k` holds
+/// in shared memory (Q6KR_MAX_SB in quant.cu).
+const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
+
+pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-    repacked_name(ty)
-        .filter(|_| cols % 256 == 0)
-        .map(|(_, qb)| qb)
+    let whole = cols % 256 == 0;
+    match ty {
+        GgmlType::Q4_0 if whole => Some(Repack::Runs8(16)),
+        GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
+        GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
+        _ => None,
+    }
+}
+
+/// The load-time repacking kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct Repackers {
+    runs8: cudarc::driver::sys::CUfunction,
+    q6k: cudarc::driver::sys::CUfunction,
+}
+
+impl Repackers {
+    pub(crate) fn load(gpu: &mut Gpu) -> CuResult<Repackers> {
+        Ok(Repackers {
+            runs8: gpu.func("repack8")?,
+            q6k: gpu.func("repack_q6k")?,
+        })
+    }
 }
 
 /// Rearranges `rows` x `cols` values of `ty` at `ptr` in place into the
 /// repacked layout; returns the kernel-table index for the result, or None
-/// (and leaves the bytes) when `ty` has no repacked kernels or a row is not
-/// whole runs of 8 blocks.
+/// (and leaves the bytes) when `ty` or `cols` has no repacked layout.
 pub(crate) fn repack(
     gpu: &Gpu,
-    f: cudarc::driver::sys::CUfunction,
+    f: &Repackers,
     ty: GgmlType,
     ptr: u64,
     rows: usize,
     cols: usize,
 ) -> CuResult<Option<usize>> {
-    let Some(qb) = repacked_quant_bytes(ty, cols) else {
+    let Some(layout) = repack_layout(ty, cols) else {
         return Ok(None);
     };
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
     if ptr % 16 != 0 {
         return Ok(None);
     }
-    let runs = rows * cols / 256;
-    gpu.launch(
-        f,
-        (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-        256,
-        &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
-    )?;
+    match layout {
+        Repack::Runs8(qb) => {
+            let runs = rows * cols / 256;
+            gpu.launch(
+                f.runs8,
+                (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                256,
+                &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
+            )?;
+        }
+        Repack::Q6K(nsb) => gpu.launch(
+            f.q6k,
+            (rows.clamp(1, 65535) as u32, 1, 1),
+            256,
+            &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
+        )?,
+    }
     Ok(Some(REPACKED + ty.id() as usize))
 }
 
@@ -528,7 +572,7 @@ struct Kernels {
     /// Per ggml type id: rows to 16-bit floats (for the GEMM path).
     deq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     to_half: cudarc::driver::sys::CUfunction,
-    repack8: cudarc::driver::sys::CUfunction,
+    repack: Repackers,
     add_bias: cudarc::driver::sys::CUfunction,
 }
 
@@ -570,9 +614,10 @@ impl Kernels {
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
             }
-            if let Some((n, _)) = repacked_name(ty) {
+            if let Some(n) = repacked_name(ty) {
                 let id = REPACKED + ty.id() as usize;
                 mm[id] = Some(mm_funcs(gpu, n)?);
+                embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
@@ -620,7 +665,7 @@ impl Kernels {
             sample: gpu.func("sample_rows")?,
             deq,
             to_half: gpu.func("to_half")?,
-            repack8: gpu.func("repack8")?,
+            repack: Repackers::load(gpu)?,
             add_bias: gpu.func("add_bias")?,
         })
     }
@@ -1395,7 +1440,7 @@ impl CudaBackend {
         // Weights.
         let embd_h = HostMat::load(m, "token_embd.weight", vocab, hid)?;
         let embd_p = upload_proj(m, vec![embd_h], None)?;
-        let embd = embd_p
+        let mut embd = embd_p
             .parts
             .into_iter()
             .next()
@@ -1434,26 +1479,27 @@ impl CudaBackend {
         let mut layers = (0..d.n_layers)
             .map(|i| load_layer(m, d, i))
             .collect::<Result<Vec<_>>>()?;
-        if std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0") {
-            for l in &mut layers {
-                for p in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
-                    for (mat, _) in &mut p.parts {
-                        if let Some(kid) =
-                            repack(&gpu, k.repack8, mat.ty, mat.ptr(), mat.rows, mat.cols)?
-                        {
-                            mat.kernel = kid;
-                        }
-                    }
-                }
-            }
-        }
-        let output = if d.tied_embeddings {
+        let mut output = if d.tied_embeddings {
             None
         } else {
             let h = HostMat::load(m, "output.weight", vocab, hid)?;
             let p = upload_proj(m, vec![h], None)?;
             p.parts.into_iter().next().map(|(mat, _)| mat)
         };
+        if std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0") {
+            // Every matrix, the output one (or the tied embeddings it reads)
+            // too: it is the largest a token reads.
+            let layer_mats = layers.iter_mut().flat_map(|l| {
+                [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down]
+                    .into_iter()
+                    .flat_map(|p| p.parts.iter_mut().map(|(mat, _)| mat))
+            });
+            for mat in layer_mats.chain([&mut embd]).chain(output.as_mut()) {
+                if let Some(kid) = repack(&gpu, &k.repack, mat.ty, mat.ptr(), mat.rows, mat.cols)? {
+                    mat.kernel = kid;
+                }
+            }
+        }
         let out_norm = load_norm(m, d, "output_norm")?;
 
         // RoPE tables, built exactly as the CPU backend builds them.
@@ -2359,7 +2405,7 @@ impl CudaBackend {
         let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
         let qkv_dim = qd + 2 * kvd;
 
-        let ef = self.k.embed[self.embd.ty.id() as usize]
+        let ef = self.k.embed[self.embd.kernel]
             .ok_or_else(|| CudaError(format!("no embedding kernel for {}", self.embd.ty)))?;
         self.gpu.launch(
             ef,
