@@ -449,6 +449,27 @@ __device__ __forceinline__ void att_step(const float* qv, const float* kv, const
     m = mn;
 }
 
+// A head's output (lane l: dims l, l + 32, ...) into out, and with xq also
+// as the 8-bit blocks (32 dims each, from block blk0) that the O projection
+// reads, so no quantize_q8 pass runs between (the backend passes xq only
+// when hd % 32 == 0: every block whole, in one warp).
+// Out of line: inlined, it cost the attention kernels 20-30 registers.
+__device__ __noinline__ void att_quant(const float* o, int hd, int lane, i8* xq, float* xqd, float* xqs,
+                                       u64 blk0) {
+    for (int i = 0; 32 * i < hd; i++) quant_q8_warp(o[lane + 32 * i], lane, blk0 + i, xq, xqd, xqs);
+}
+
+template <int DPL>
+__device__ __forceinline__ void att_store(float* o, const float* v, int hd, int lane, i8* xq, float* xqd,
+                                          float* xqs, u64 blk0) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) o[d] = v[i];
+    }
+    if (xq) att_quant(o, hd, lane, xq, xqd, xqs, blk0);
+}
+
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
 // done here instead. q is then the raw QKV row; every block applies the
 // norm and RoPE to its query head, the block holding the token's own
@@ -461,8 +482,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                const u32* ends, const u32* rowidx, const u32* tables,
                                                int tstride, int bs, int nlg, int lig, int window, float scale,
                                                float softcap, float* out, int ostride, float* part, u32* counters,
-                                               const float* qnw, const float* knw, float eps, const float* cosb,
-                                               const float* sinb, int neox) {
+                                               i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
+                                               float eps, const float* cosb, const float* sinb, int neox) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][DPL * 32];
     __shared__ int last;
@@ -569,17 +590,19 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         L += sl[w] * f[w];
     }
     float* o = out + (u64)t * ostride + h * hd;
+    u64 blk0 = ((u64)t * ostride + (u64)h * hd) >> 5;
     if (S == 1) {
         float invL = L > 0.0f ? 1.0f / L : 0.0f;
+        float ov[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) {
-                float s = 0.0f;
+            float s = 0.0f;
+            if (d < hd)
                 for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
-                o[d] = s * invL;
-            }
+            ov[i] = s * invL;
         }
+        att_store<DPL>(o, ov, hd, lane, xq, xqd, xqs, blk0);
         return;
     }
     // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
@@ -630,10 +653,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         }
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        if (d < hd) o[d] = os[i] * invL;
-    }
+    for (int i = 0; i < DPL; i++) os[i] *= invL;
+    att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
     if (lane == 0) counters[pair] = 0;
 }
 
@@ -644,20 +665,20 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters) {                                                                               \
+        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
         attention_impl<DPL, false>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
                                    tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,  \
-                                   counters, 0, 0, 0.0f, 0, 0, 0);                                     \
+                                   counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);                       \
     }                                                                                                  \
     extern "C" __global__ void attention_f##DPL(                                                       \
         const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, const float* qnw, const float* knw, float eps, const float* cosb, const float* sinb, \
-        int neox) {                                                                                    \
+        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
+        const float* cosb, const float* sinb, int neox) {                                              \
         attention_impl<DPL, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
                                   tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,   \
-                                  counters, qnw, knw, eps, cosb, sinb, neox);                          \
+                                  counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox);            \
     }
 ATTENTION(2)
 ATTENTION(4)

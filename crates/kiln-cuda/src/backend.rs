@@ -2520,6 +2520,8 @@ impl CudaBackend {
                     Arg::I(qd as i32),
                 ],
             ]);
+            // Whether the attention also wrote what the O projection reads.
+            let mut o_staged = false;
             if let Some(p0) = gemm_chunk {
                 self.attention_gemm(n, p0, window, g, &cache)?;
             } else if n >= self.att_gqa_min
@@ -2564,8 +2566,9 @@ impl CudaBackend {
                     Arg::I(d.n_kv_heads as i32),
                     Arg::I(d.head_dim as i32),
                 ];
-                // `attention` takes the split scratch too; `attention_g*`
-                // stop before it (a launch reads only its kernel's own).
+                // `attention` takes the split scratch (and what follows)
+                // too; `attention_g*` stop before it (a launch reads only
+                // its kernel's own).
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
                 // `attention_f*` also take qkv_post's norm and RoPE arguments.
                 let post_args = [
@@ -2577,7 +2580,17 @@ impl CudaBackend {
                     Arg::I(rope.map_or(0, |r| i32::from(r.neox))),
                 ];
                 let post: &[Arg] = if fused { &post_args } else { &[] };
-                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, post]);
+                // `attention_d*` / `attention_f*` also write the O
+                // projection's 8-bit input when it takes one (whole 32-dim
+                // blocks: head dims a multiple of 32), sparing quantize_q8.
+                #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+                let o_q8 = if gqa.is_none() && d.head_dim % 32 == 0 {
+                    self.q8_args(&l.o, n)
+                } else {
+                    [Arg::P(0), Arg::P(0), Arg::P(0)]
+                };
+                o_staged = !matches!(o_q8[0], Arg::P(0));
+                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
                 self.gpu.launch(
                     att_f,
                     (att_heads as u32, n as u32, split.max(1) as u32),
@@ -2585,7 +2598,7 @@ impl CudaBackend {
                     args.get(),
                 )?;
             }
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_staged)?;
             self.add_norm(
                 n,
                 s.tmp.ptr,
