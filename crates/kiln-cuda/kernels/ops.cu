@@ -247,14 +247,22 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const fl
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
+// With q (hid % 32 == 0): also quantized to 8 bits per 32 values for the
+// output projection's one-token GEMV.
 extern "C" __global__ void gather_norm(const float* x, const u32* rows, const float* w, const float* b,
-                                       float* out, int hid, float eps, int kind) { PDL_ENTRY();
+                                       float* out, int hid, float eps, int kind, i8* q, float* qd,
+                                       float* qs) { PDL_ENTRY();
     const float* xr = x + (u64)rows[blockIdx.x] * hid;
     double mean, inv;
     norm_stats(xr, hid, kind, eps, &mean, &inv);
     float finv = (float)inv;
     float* o = out + (u64)blockIdx.x * hid;
     for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+    if (!q) return;
+    __syncthreads();
+    int lane = threadIdx.x & 31;
+    for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
+        quant_q8_warp(o[blk * 32 + lane], lane, (u64)blockIdx.x * (hid >> 5) + blk, q, qd, qs);
 }
 
 // Offset of position p's row (kvd values) in a layer's paged K or V cache,

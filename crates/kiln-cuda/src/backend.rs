@@ -2654,6 +2654,17 @@ impl CudaBackend {
         if k == 0 {
             return Ok(());
         }
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        // The output GEMV's 8-bit input, written by gather_norm.
+        let q = if self.mv_path(k) && self.uses_q8(out) {
+            [
+                Arg::P(self.s.xq.ptr),
+                Arg::P(self.s.xq_d.ptr),
+                Arg::P(self.s.xq_s.ptr),
+            ]
+        } else {
+            [Arg::P(0), Arg::P(0), Arg::P(0)]
+        };
         self.gpu.launch(
             self.k.gather_norm,
             (k as u32, 1, 1),
@@ -2667,12 +2678,11 @@ impl CudaBackend {
                 Arg::I(hid as i32),
                 Arg::F(d.norm_eps),
                 Arg::I(norm_kind(d.norm)),
+                q[0],
+                q[1],
+                q[2],
             ],
         )?;
-        let out = self.output.as_ref().unwrap_or(&self.embd);
-        if self.mv_path(k) && self.uses_q8(out) {
-            self.quantize_x(s.seln.ptr, hid, k)?;
-        }
         self.mm(
             out,
             Operands {
