@@ -484,7 +484,92 @@ __device__ __forceinline__ void att_store(float* o, const float* v, int hd, int 
 // position computes that position's K (and reads V) from the QKV row rather
 // than the cache, and the first query head of each KV group writes both to
 // the cache for later steps.
-template <int DPL, bool FUSED>
+// Slice merge inside a thread-block cluster (sm_90): a (query head, token)
+// pair's S slices are one cluster (grid (S, heads, tokens)), each slice's
+// (M, L, Σ e·v) stays in its block's shared memory and the first block
+// reads the others' through distributed shared memory after a cluster
+// barrier: no partials in global memory, no fence, no atomic counter, no
+// second pass over L2 (those were ~3 dependent round trips per call).
+__device__ __forceinline__ void cluster_sync_all() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The float at `p` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    u32 a = (u32)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+
+// The end of a CLU attention block: warp 0 folds the block's warps into
+// the slice's (M, L, Σ e·v) as the global-memory merge does, the first
+// block of the cluster merges the S slices in the same order with the same
+// arithmetic (so results equal the unclustered split bit for bit), and every
+// block waits until it has read them. All threads of every block call it.
+template <int DPL>
+__device__ __forceinline__ void attention_cluster_merge(const float* sm, const float* sl,
+                                                        const float (*sacc)[DPL * 32], int hd, int S, int sp,
+                                                        int warp, int lane, float* o, i8* xq, float* xqd,
+                                                        float* xqs, u64 blk0) {
+    __shared__ float cp[2 + DPL * 32];
+    if (warp == 0) {
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+        float L = 0.0f;
+        float f[ATT_WARPS];
+        for (int w = 0; w < ATT_WARPS; w++) {
+            f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
+            L += sl[w] * f[w];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) {
+                float s = 0.0f;
+                for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+                cp[2 + d] = s;
+            }
+        }
+        if (lane == 0) {
+            cp[0] = M;
+            cp[1] = L;
+        }
+    }
+    cluster_sync_all();
+    if (sp == 0 && warp == 0) {
+        float mk = lane < S ? ld_cluster(cp, lane) : -INFINITY;
+        float lk = lane < S ? ld_cluster(cp + 1, lane) : 0.0f;
+        float GM = warp_max(mk);
+        float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
+        float GL = 0.0f;
+        for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
+        float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
+        float os[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) os[i] = 0.0f;
+        for (int k = 0; k < S; k++) {
+            float w = __shfl_sync(0xffffffffu, wk, k);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                if (d < hd) os[i] += ld_cluster(cp + 2 + d, k) * w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) os[i] *= invL;
+        att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
+    }
+    // The other blocks' shared memory is read: they may exit.
+    cluster_sync_all();
+}
+
+template <int DPL, bool FUSED, bool CLU = false>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -495,7 +580,10 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][DPL * 32];
     __shared__ int last;
-    int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sp = blockIdx.z;
+    // CLU: grid (S, heads, tokens) in clusters of S; else (heads, tokens, S).
+    int h = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
+    int S = CLU ? gridDim.x : gridDim.z, sp = CLU ? blockIdx.x : blockIdx.z;
+    int ntok = CLU ? gridDim.z : gridDim.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = n_heads / n_kv;
     int kh = h / group;
@@ -523,7 +611,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
     for (int j = 0; j < ATT_PRE; j++) {
         int p = p0 + j * ATT_WARPS;
-        pre[j] = p < end && p + (int)gridDim.y <= (int)pos;
+        pre[j] = p < end && p + ntok <= (int)pos;
         if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
     PDL_ENTRY();
@@ -588,6 +676,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
     for (int i = 0; i < DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
+    if (CLU) {
+        attention_cluster_merge<DPL>(sm, sl, sacc, hd, S, sp, warp, lane, out + (u64)t * ostride + h * hd, xq,
+                                     xqd, xqs, ((u64)t * ostride + (u64)h * hd) >> 5);
+        return;
+    }
     if (warp != 0) return;
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
@@ -691,6 +784,32 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 ATTENTION(2)
 ATTENTION(4)
 ATTENTION(8)
+
+// attention_d / attention_f with the slices of a (head, token) pair merged
+// inside a cluster (grid (S, heads, tokens), clusters of S, S >= 2).
+#define ATTENTION_CL(DPL)                                                                              \
+    extern "C" __global__ void attention_cd##DPL(                                                      \
+        const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
+        attention_impl<DPL, false, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
+                                         tables, tstride, bs, nlg, lig, window, scale, softcap, out,    \
+                                         ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);   \
+    }                                                                                                  \
+    extern "C" __global__ void attention_cf##DPL(                                                      \
+        const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
+        const float* cosb, const float* sinb, int neox) {                                              \
+        attention_impl<DPL, true, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
+                                        tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
+                                        ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, \
+                                        neox);                                                          \
+    }
+ATTENTION_CL(2)
+ATTENTION_CL(4)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).

@@ -565,6 +565,9 @@ struct Kernels {
     attention_tile: cudarc::driver::sys::CUfunction,
     /// `attention_d2/d4` doing qkv_post's work themselves (`attention_f2/f4`).
     attention_fused: [cudarc::driver::sys::CUfunction; 2],
+    /// `attention_d2/d4` ([0]) and `attention_f2/f4` ([1]) merging their
+    /// slices inside a thread-block cluster (`attention_cd*` / `attention_cf*`).
+    attention_cl: [[cudarc::driver::sys::CUfunction; 2]; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -659,6 +662,10 @@ impl Kernels {
             ],
             attention_tile: gpu.func("attention_tile")?,
             attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
+            attention_cl: [
+                [gpu.func("attention_cd2")?, gpu.func("attention_cd4")?],
+                [gpu.func("attention_cf2")?, gpu.func("attention_cf4")?],
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -797,6 +804,11 @@ pub struct CudaBackend {
     flash: Option<cudarc::driver::sys::CUfunction>,
     /// See [`CudaOptions::fuse_qkv`].
     fuse_qkv: bool,
+    /// Most slices of a split decode attention merged inside a cluster
+    /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
+    /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
+    /// global memory.
+    att_cluster_max: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1432,6 +1444,16 @@ impl CudaBackend {
 
         let mut k = Kernels::load(&mut gpu)?;
         let flash_f = flash.map(|i| k.flash[i]);
+        let att_cluster_max = if std::env::var("KILN_CUDA_ATT_CLUSTER").is_ok_and(|v| v == "0") {
+            1
+        } else {
+            k.attention_cl
+                .iter()
+                .flatten()
+                .map(|&f| gpu.max_cluster(f, 128, ATT_SPLIT_MAX as u32))
+                .min()
+                .unwrap_or(1) as usize
+        };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
             k.mvqs.iter_mut().for_each(|f| *f = None);
@@ -1640,6 +1662,7 @@ impl CudaBackend {
             att_gemm_keys,
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
+            att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -2591,12 +2614,28 @@ impl CudaBackend {
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
                 let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
-                self.gpu.launch(
-                    att_f,
-                    (att_heads as u32, n as u32, split.max(1) as u32),
-                    128,
-                    args.get(),
-                )?;
+                // Split attention of head dims up to 128: the slices merged
+                // inside a cluster when they fit one.
+                let dpl = match d.head_dim {
+                    0..=64 => Some(0),
+                    65..=128 => Some(1),
+                    _ => None,
+                };
+                match dpl.filter(|_| gqa.is_none() && split >= 2 && split <= self.att_cluster_max) {
+                    Some(i) => self.gpu.launch_cluster(
+                        self.k.attention_cl[usize::from(fused)][i],
+                        (split as u32, att_heads as u32, n as u32),
+                        128,
+                        split as u32,
+                        args.get(),
+                    )?,
+                    None => self.gpu.launch(
+                        att_f,
+                        (att_heads as u32, n as u32, split.max(1) as u32),
+                        128,
+                        args.get(),
+                    )?,
+                }
             }
             self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_staged)?;
             self.add_norm(
