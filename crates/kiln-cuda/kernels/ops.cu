@@ -478,12 +478,6 @@ __device__ __forceinline__ void att_store(float* o, const float* v, int hd, int 
     if (xq) att_quant(o, hd, lane, xq, xqd, xqs, blk0);
 }
 
-// FUSED (one token per sequence in the step, causal): qkv_post's work is
-// done here instead. q is then the raw QKV row; every block applies the
-// norm and RoPE to its query head, the block holding the token's own
-// position computes that position's K (and reads V) from the QKV row rather
-// than the cache, and the first query head of each KV group writes both to
-// the cache for later steps.
 // Slice merge inside a thread-block cluster (sm_90): a (query head, token)
 // pair's S slices are one cluster (grid (S, heads, tokens)), each slice's
 // (M, L, Σ e·v) stays in its block's shared memory and the first block
@@ -569,6 +563,13 @@ __device__ __forceinline__ void attention_cluster_merge(const float* sm, const f
     cluster_sync_all();
 }
 
+// FUSED (one token per sequence in the step, causal): qkv_post's work is
+// done here instead. q is then the raw QKV row; every block applies the
+// norm and RoPE to its query head, the block holding the token's own
+// position computes that position's K (and reads V) from the QKV row rather
+// than the cache, and the first query head of each KV group writes both to
+// the cache for later steps. CLU: the slices merge inside a cluster
+// (attention_cluster_merge).
 template <int DPL, bool FUSED, bool CLU = false>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,

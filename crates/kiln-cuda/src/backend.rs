@@ -111,6 +111,7 @@ pub(crate) enum Repack {
 /// in shared memory (Q6KR_MAX_SB in quant.cu).
 const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
 
+/// The repacked layout of rows of `cols` values of `ty`, when they have one.
 pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
     let whole = cols % 256 == 0;
