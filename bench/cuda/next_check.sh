@@ -6,7 +6,7 @@
 #   kiln (branch) -> .device/kiln.xz; kiln and cuda_check from main -> .device/kiln_a.xz,
 #   .device/cuda_check_a.xz, main's cubin precompiled into .device/cache too
 # then one `run` per mode, carry [".device"]:
-#   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
+#   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit (bf16, Q4_0, Q4_K_M)
 #   bash bench/cuda/next_check.sh micro1b  # Q6_K GEMV variants + 1B A/B (q8_0, q4_0, q4_k_m, bf16), twice
 #   bash bench/cuda/next_check.sh ab8b     # 8B A/B (q4_k_m, q4_0, bf16)
 set -u
@@ -29,13 +29,14 @@ verify)
   wait; date -u +%T
   # Every change on the branch is meant to leave logits bit-identical.
   IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
-  for t in q4_0 q4_k_m; do
-    /tmp/cc_a --logits /tmp/pb1/model-$t.gguf "$IDS" /tmp/a_$t.bin 2>/dev/null
-    /tmp/cc --logits /tmp/pb1/model-$t.gguf "$IDS" /tmp/b_$t.bin 2>/dev/null
-    KILN_CUDA_ATT_CLUSTER=0 /tmp/cc --logits /tmp/pb1/model-$t.gguf "$IDS" /tmp/c_$t.bin 2>/dev/null
+  for t in hf q4_0 q4_k_m; do
+    m=/tmp/pb1/model-$t.gguf; [ $t = hf ] && m=/tmp/pb1/hf
+    /tmp/cc_a --logits $m "$IDS" /tmp/a_$t.bin 2>/dev/null
+    /tmp/cc --logits $m "$IDS" /tmp/b_$t.bin 2>/dev/null
+    KILN_CUDA_ATT_CLUSTER=0 KILN_CUDA_FUSE_GLU=0 /tmp/cc --logits $m "$IDS" /tmp/c_$t.bin 2>/dev/null
     n=$((3 * 24 * 128256 * 4))  # prefill, decode, exact decode
     cmp -n $n /tmp/a_$t.bin /tmp/b_$t.bin && echo "$t: branch = main, bit for bit"
-    cmp -n $n /tmp/b_$t.bin /tmp/c_$t.bin && echo "$t: cluster merge = global merge, bit for bit"
+    cmp -n $n /tmp/b_$t.bin /tmp/c_$t.bin && echo "$t: cluster merge + GLU GEMV = global merge + act_mul, bit for bit"
   done ;;
 micro1b)
   ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q8_0,q4_0,q4_k_m > /dev/null 2>&1 ) &
