@@ -3069,6 +3069,32 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
 
+    /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
+    /// shared-memory row buffer does, and starts at the 7 scales that may
+    /// move to a row's front.
+    #[test]
+    fn repack_limits_match_the_kernels() {
+        let src = include_str!("../kernels/quant.cu");
+        let max_sb: usize = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define Q6KR_MAX_SB "))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("Q6KR_MAX_SB in quant.cu");
+        assert_eq!(*Q6KR_SB.end(), max_sb);
+        assert!(max_sb * 210 <= 48 * 1024);
+        use GgmlType::*;
+        assert_eq!(repack_layout(Q6K, 6 * 256), None);
+        assert_eq!(repack_layout(Q6K, 7 * 256), Some(Repack::Q6K(7)));
+        assert_eq!(repack_layout(Q6K, 4096), Some(Repack::Q6K(16)));
+        assert_eq!(repack_layout(Q6K, max_sb * 256), Some(Repack::Q6K(max_sb)));
+        assert_eq!(repack_layout(Q6K, (max_sb + 1) * 256), None);
+        assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Runs8(16)));
+        assert_eq!(repack_layout(Q8_0, 2048), Some(Repack::Runs8(32)));
+        assert_eq!(repack_layout(Q4_0, 4096 + 32), None);
+        assert_eq!(repack_layout(Q4K, 4096), None);
+    }
+
     #[test]
     fn byte_counts() {
         assert_eq!(parse_bytes("1234"), Some(1234));
