@@ -350,8 +350,8 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
 }
 
 // ---- Repacked Q6_K (rows of 7 to Q6KR_MAX_SB super-blocks, rearranged in
-// place at load by `repack_q6k`). A super-block's 210 bytes are 16 bytes
-// short of 16-byte multiples by its f16 scale d, so the d's move: the row's
+// place at load by `repack_q6k`). A super-block is 208 bytes plus its f16
+// scale d, so only the d's keep it off 16-byte boundaries; they move: the row's
 // first F = (16 - row % 16) % 16 / 2 d's at its start, then every
 // super-block's other 208 bytes as one record (16-byte aligned), then the
 // remaining d's. A record holds its 8 units of 32 values as 8 x 16 bytes of
