@@ -2609,14 +2609,15 @@ impl CudaBackend {
                 )?;
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
+                let dpl = match d.head_dim {
+                    0..=64 => 0,
+                    65..=128 => 1,
+                    _ => 2,
+                };
                 let att_dec = if fused {
                     self.k.attention_fused[d.head_dim / 128]
                 } else {
-                    self.k.attention[match d.head_dim {
-                        0..=64 => 0,
-                        65..=128 => 1,
-                        _ => 2,
-                    }]
+                    self.k.attention[dpl]
                 };
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
@@ -2655,25 +2656,21 @@ impl CudaBackend {
                 let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
                 // Split attention of head dims up to 128: the slices merged
                 // inside a cluster when they fit one.
-                let dpl = match d.head_dim {
-                    0..=64 => Some(0),
-                    65..=128 => Some(1),
-                    _ => None,
-                };
-                match dpl.filter(|_| gqa.is_none() && split >= 2 && split <= self.att_cluster_max) {
-                    Some(i) => self.gpu.launch_cluster(
-                        self.k.attention_cl[usize::from(fused)][i],
+                if dpl < 2 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
+                    self.gpu.launch_cluster(
+                        self.k.attention_cl[usize::from(fused)][dpl],
                         (split as u32, att_heads as u32, n as u32),
                         128,
                         split as u32,
                         args.get(),
-                    )?,
-                    None => self.gpu.launch(
+                    )?;
+                } else {
+                    self.gpu.launch(
                         att_f,
                         (att_heads as u32, n as u32, split.max(1) as u32),
                         128,
                         args.get(),
-                    )?,
+                    )?;
                 }
             }
             self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_staged)?;
