@@ -68,16 +68,20 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 // software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
 #define MVF_UNROLL 4
 
-// Row r of W dotted with x by one warp (every lane gets the sum); the
-// row's first loads are issued before waiting for x (they overlap the
-// previous kernel under programmatic dependent launch). Needs
-// cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
+// Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
+// grid: ceil(rows / warps); block: warps * 32.
 template <int T>
-__device__ __forceinline__ float mvf_dot(const u8* __restrict__ W, u64 row_bytes, int r, int cols,
-                                         const float* __restrict__ x, int lane) {
+__device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                         const float* __restrict__ x, float* __restrict__ y,
+                                         const float* __restrict__ bias) {
     constexpr int E = T == T_F32 ? 4 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
     const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
     int chunks = cols / E;
+    // The first step's weight loads are issued before waiting for x (they
+    // overlap the previous kernel under programmatic dependent launch).
     uint4 wv[MVF_UNROLL];
 #pragma unroll
     for (int k = 0; k < MVF_UNROLL; k++) {
@@ -109,42 +113,8 @@ __device__ __forceinline__ float mvf_dot(const u8* __restrict__ W, u64 row_bytes
             }
         }
     }
-    return warp_sum(acc);
-}
-
-// grid: ceil(rows / warps); block: warps * 32.
-template <int T>
-__device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
-                                         const float* __restrict__ x, float* __restrict__ y,
-                                         const float* __restrict__ bias) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= rows) return;
-    float acc = mvf_dot<T>(W, row_bytes, r, cols, x, lane);
+    acc = warp_sum(acc);
     if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
-}
-
-// A gated FFN's input for one token, act_mul's work done in the GEMV:
-// out[i] = act(W[i] . x + b[i]) * (W[inter + i] . x + b[inter + i]) for
-// i < inter, W the fused gate|up matrix. A block's first half of warps
-// takes gate rows, the second half the matching up rows; each pair meets in
-// shared memory. Per row the arithmetic of mvf_* then act_mul: the same bits.
-// grid: ceil(inter / (warps / 2)); block: warps * 32, warps even.
-template <int T>
-__device__ __forceinline__ void mvf_glu_impl(const u8* __restrict__ W, u64 row_bytes, int inter, int cols,
-                                             const float* __restrict__ x, const float* __restrict__ bias,
-                                             int kind, float* __restrict__ out) {
-    __shared__ float sy[32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = blockDim.x >> 6;
-    int i = blockIdx.x * half + warp % half;
-    bool up = warp >= half;
-    int r = up ? inter + i : i;
-    if (i < inter) {
-        float acc = mvf_dot<T>(W, row_bytes, r, cols, x, lane);
-        if (lane == 0) sy[warp] = acc + (bias ? bias[r] : 0.0f);
-    }
-    __syncthreads();
-    if (!up && i < inter && lane == 0) out[i] = activate(kind, sy[warp]) * sy[warp + half];
 }
 
 #define MVF(TNAME, T)                                                                              \
@@ -156,16 +126,6 @@ __device__ __forceinline__ void mvf_glu_impl(const u8* __restrict__ W, u64 row_b
 MVF(f32, T_F32)
 MVF(f16, T_F16)
 MVF(bf16, T_BF16)
-
-#define MVF_GLU(TNAME, T)                                                                          \
-    extern "C" __global__ void mvf_glu_##TNAME(const u8* W, u64 row_bytes, int inter, int cols,     \
-                                               const float* x, const float* bias, int kind, float* out) { \
-        mvf_glu_impl<T>(W, row_bytes, inter, cols, x, bias, kind, out);                             \
-    }
-
-MVF_GLU(f32, T_F32)
-MVF_GLU(f16, T_F16)
-MVF_GLU(bf16, T_BF16)
 
 // ---- 8-bit activations
 

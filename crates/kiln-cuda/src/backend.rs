@@ -541,9 +541,6 @@ struct Kernels {
     mv: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per ggml type id: the one-token GEMV with 16-byte loads (float types).
     mvf: Vec<Option<cudarc::driver::sys::CUfunction>>,
-    /// `mvf_*` for a fused gate|up matrix with act_mul's work in the
-    /// epilogue (`mvf_glu_*`), per float type.
-    mvf_glu: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per ggml type id: the one-token GEMV against 8-bit activations.
     mvq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per kernel-table index: the streaming one-token GEMV with 4 and 8
@@ -600,7 +597,6 @@ impl Kernels {
         let mut mv = vec![None; 64];
         let mut deq = vec![None; 64];
         let mut mvf = vec![None; 64];
-        let mut mvf_glu = vec![None; 64];
         let mut mvq = vec![None; 64];
         let mut mvqs = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -609,7 +605,6 @@ impl Kernels {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
-                mvf_glu[id] = Some(gpu.func(&format!("mvf_glu_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
@@ -643,7 +638,6 @@ impl Kernels {
             mm,
             mv,
             mvf,
-            mvf_glu,
             mvq,
             mvqs,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -816,8 +810,6 @@ pub struct CudaBackend {
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
     /// global memory.
     att_cluster_max: usize,
-    /// See [`CudaBackend::glu_kernel`].
-    fuse_glu: bool,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1672,7 +1664,6 @@ impl CudaBackend {
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
             att_cluster_max,
-            fuse_glu: std::env::var("KILN_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -2407,35 +2398,6 @@ impl CudaBackend {
 
     /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
     /// want logits; with `greedy`, also the argmax of each logits row.
-    /// The one-token gate|up GEMV that also does act_mul's work
-    /// (`mvf_glu_*`) and the matrix it reads, when it applies: a gated FFN
-    /// whose gate and up rows are one float matrix read by the GEMVs, and a
-    /// down projection that reads f32 activations (`$KILN_CUDA_FUSE_GLU=0`:
-    /// never).
-    fn glu_kernel<'a>(
-        &self,
-        gu: &'a Proj,
-        down: &Proj,
-        n: usize,
-    ) -> Option<(cudarc::driver::sys::CUfunction, &'a DMat)> {
-        if !self.fuse_glu || n != 1 || !self.mv_path(1) || !self.desc.gated_ffn {
-            return None;
-        }
-        let [(mat, 0)] = gu.parts.as_slice() else {
-            return None;
-        };
-        let f = self.k.mvf_glu[mat.kernel]?;
-        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-        let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
-        let down_f32 = matches!(self.q8_args(down, 1)[0], Arg::P(0))
-            && matches!(self.half_args(down, 1)[0], Arg::P(0));
-        (aligned16
-            && down_f32
-            && self.gemm_fmt(mat, 1).is_none()
-            && mat.rows == 2 * self.desc.intermediate)
-            .then_some((f, mat))
-    }
-
     /// Slices for the decode attention of `batch`: enough (query head,
     /// token, slice) blocks to fill the GPU `att_blocks` / SMs times over, a
     /// power of two up to `att_split`. It depends on the batch size only,
@@ -2682,60 +2644,39 @@ impl CudaBackend {
                 s.xn.ptr,
                 Some(&l.gate_up),
             )?;
-            let down_staged = if let Some((f, mat)) = self.glu_kernel(&l.gate_up, &l.down, n) {
-                // 8 warps a block: 4 (gate, up) row pairs.
-                self.gpu.launch(
-                    f,
-                    (inter.div_ceil(4) as u32, 1, 1),
-                    256,
-                    &[
-                        Arg::P(mat.ptr()),
-                        Arg::P(mat.row_bytes as u64),
-                        Arg::I(inter as i32),
-                        Arg::I(mat.cols as i32),
-                        Arg::P(s.xn.ptr),
-                        Arg::P(l.gate_up.bias.as_ref().map_or(0, |b| b.ptr)),
-                        Arg::I(act_kind(d.activation)),
-                        Arg::P(s.act.ptr),
-                    ],
-                )?;
-                false
+            let gu_stride = l.gate_up.rows;
+            self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride, true)?;
+            #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+            let q = if inter % 32 == 0 {
+                self.q8_args(&l.down, n)
             } else {
-                let gu_stride = l.gate_up.rows;
-                self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride, true)?;
-                #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-                let q = if inter % 32 == 0 {
-                    self.q8_args(&l.down, n)
-                } else {
-                    [Arg::P(0), Arg::P(0), Arg::P(0)]
-                };
-                let h = self.half_args(&l.down, n);
-                let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
-                self.gpu.launch(
-                    self.k.act_mul,
-                    (
-                        inter.div_ceil(256).clamp(1, 8192) as u32,
-                        n.min(65535) as u32,
-                        1,
-                    ),
-                    256,
-                    &[
-                        Arg::P(s.gu.ptr),
-                        Arg::I(gu_stride as i32),
-                        Arg::I(inter as i32),
-                        Arg::I(n as i32),
-                        Arg::I(i32::from(d.gated_ffn)),
-                        Arg::I(act_kind(d.activation)),
-                        Arg::P(s.act.ptr),
-                        q[0],
-                        q[1],
-                        q[2],
-                        h[0],
-                        h[1],
-                    ],
-                )?;
-                down_staged
+                [Arg::P(0), Arg::P(0), Arg::P(0)]
             };
+            let h = self.half_args(&l.down, n);
+            let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
+            self.gpu.launch(
+                self.k.act_mul,
+                (
+                    inter.div_ceil(256).clamp(1, 8192) as u32,
+                    n.min(65535) as u32,
+                    1,
+                ),
+                256,
+                &[
+                    Arg::P(s.gu.ptr),
+                    Arg::I(gu_stride as i32),
+                    Arg::I(inter as i32),
+                    Arg::I(n as i32),
+                    Arg::I(i32::from(d.gated_ffn)),
+                    Arg::I(act_kind(d.activation)),
+                    Arg::P(s.act.ptr),
+                    q[0],
+                    q[1],
+                    q[2],
+                    h[0],
+                    h[1],
+                ],
+            )?;
             self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid, down_staged)?;
             let next = self.layers.get(li + 1);
             self.add_norm(
