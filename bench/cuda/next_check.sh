@@ -40,8 +40,8 @@ verify)
   done ;;
 micro1b)
   ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q8_0,q4_0,q4_k_m > /dev/null 2>&1 ) &
-  M=""; for k in mvq_q6_k mvq_q6_kr mvqx2_q6_kr mvqx1_q6_kr mvqp_q6_kr rd_rows; do M="$M 8b/q6_k/$k/8/256"; done
-  for k in mvq_q6_k mvq_q6_kr mvqx2_q6_kr rd_rows; do M="$M 1b/q6_k/$k/8/256"; done
+  M=""; for k in mvq_q6_k mvq_q6_kr mvq2_q6_kr rd_rows; do M="$M 8b/q6_k/$k/8/256"; done
+  for k in mvq_q6_k mvq_q6_kr mvq2_q6_kr rd_rows; do M="$M 1b/q6_k/$k/8/256"; done
   timeout 120 /tmp/cc --gemv-micro $M 2>&1 | tail -12
   wait; date -u +%T
   for b in kiln_a kiln kiln_a kiln; do echo "== $b"; bash bench/cuda/peers.sh /tmp/$b - Llama-3.2-1B q8_0,q4_0,q4_k_m /tmp/pb1 2>&1 | tail -4; done ;;

@@ -192,7 +192,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             1 if ty == GgmlType::F32 => vec![100, 2052],
             1 => vec![72, 2056],
             32 => vec![96, 2240, 2304, 4608, 16640],
-            _ => vec![512, 2304, 4608, 16640],
+            _ => vec![512, 2048, 2304, 4608, 16640],
         };
         for cols in sizes {
             let rows = 37;

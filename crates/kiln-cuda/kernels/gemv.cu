@@ -534,18 +534,15 @@ MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
 MVQR(q4_0r, T_Q4_0R)
 MVQR(q6_kr, T_Q6_KR)
-// EXPERIMENT (gemv-micro): units in flight for Q6_KR.
-extern "C" __global__ void mvqx1_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
-                                       const float* xd, const float* xs, float* y, const float* bias) {
-    mvqr_impl<T_Q6_KR, 1>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
-}
-extern "C" __global__ void mvqx2_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
-                                       const float* xd, const float* xs, float* y, const float* bias) {
-    mvqr_impl<T_Q6_KR, 2>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
-}
-extern "C" __global__ void mvqp_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
+// Q6_KR with two units per lane in flight, for rows of at most 2,048
+// columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
+// units, and mvq_q6_kr's registers for four (128 a thread) only cost
+// occupancy. `cuda_check --gemv-micro`, H100, 1B shape: gate|up 13.5 -> 10.8 µs,
+// qkv 3.7 -> 2.8; on rows of 8,192 columns four in flight stay faster (6.4
+// against 8.5).
+extern "C" __global__ void mvq2_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
                                       const float* xd, const float* xs, float* y, const float* bias) {
-    mvq_impl<T_Q6_KR>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
+    mvqr_impl<T_Q6_KR, 2>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
 }
 
 // Streaming one-token GEMV for the repacked types (rows of at most

@@ -207,7 +207,14 @@ pub fn matvec_fast(
                 (f, rows.div_ceil(t as usize / 32), t)
             }
             None => (
-                gpu.func(&format!("mvq_{name}"))?,
+                gpu.func(&format!(
+                    "{}_{name}",
+                    if crate::backend::mvq_narrow(ty, p.repacked.is_some(), cols) {
+                        "mvq2"
+                    } else {
+                        "mvq"
+                    }
+                ))?,
                 rows.div_ceil(8 * crate::backend::MVQ_ROWS),
                 256,
             ),
