@@ -192,7 +192,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             1 if ty == GgmlType::F32 => vec![100, 2052],
             1 => vec![72, 2056],
             32 => vec![96, 2240, 2304, 4608, 16640],
-            _ => vec![512, 2304, 4608, 16640],
+            _ => vec![512, 2048, 2304, 4608, 16640],
         };
         for cols in sizes {
             let rows = 37;
@@ -279,7 +279,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     }
                 }
             }
-            // The repacked layout (Q4_0 / Q8_0 layer matrices): the same
+            // The repacked layout (Q4_0 / Q8_0 / Q6_K matrices): the same
             // integers and scales in another order, so every kernel that
             // reads it gives the plain layout's results bit for bit.
             let repacked = if kiln_cuda::testing::repacks(ty, cols) {

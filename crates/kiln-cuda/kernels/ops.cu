@@ -247,14 +247,22 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const fl
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
+// With q (hid % 32 == 0): also quantized to 8 bits per 32 values for the
+// output projection's one-token GEMV.
 extern "C" __global__ void gather_norm(const float* x, const u32* rows, const float* w, const float* b,
-                                       float* out, int hid, float eps, int kind) { PDL_ENTRY();
+                                       float* out, int hid, float eps, int kind, i8* q, float* qd,
+                                       float* qs) { PDL_ENTRY();
     const float* xr = x + (u64)rows[blockIdx.x] * hid;
     double mean, inv;
     norm_stats(xr, hid, kind, eps, &mean, &inv);
     float finv = (float)inv;
     float* o = out + (u64)blockIdx.x * hid;
     for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+    if (!q) return;
+    __syncthreads();
+    int lane = threadIdx.x & 31;
+    for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
+        quant_q8_warp(o[blk * 32 + lane], lane, (u64)blockIdx.x * (hid >> 5) + blk, q, qd, qs);
 }
 
 // Offset of position p's row (kvd values) in a layer's paged K or V cache,
@@ -449,24 +457,164 @@ __device__ __forceinline__ void att_step(const float* qv, const float* kv, const
     m = mn;
 }
 
+// A head's output (lane l: dims l, l + 32, ...) into out, and with xq also
+// as the 8-bit blocks (32 dims each, from block blk0) that the O projection
+// reads, so no quantize_q8 pass runs between (the backend passes xq only
+// when hd % 32 == 0: every block whole, in one warp).
+// Out of line: inlined, it cost the attention kernels 20-30 registers.
+__device__ __noinline__ void att_quant(const float* o, int hd, int lane, i8* xq, float* xqd, float* xqs,
+                                       u64 blk0) {
+    for (int i = 0; 32 * i < hd; i++) quant_q8_warp(o[lane + 32 * i], lane, blk0 + i, xq, xqd, xqs);
+}
+
+template <int DPL>
+__device__ __forceinline__ void att_store(float* o, const float* v, int hd, int lane, i8* xq, float* xqd,
+                                          float* xqs, u64 blk0) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) o[d] = v[i];
+    }
+    if (xq) att_quant(o, hd, lane, xq, xqd, xqs, blk0);
+}
+
+// Slice merge inside a thread-block cluster (sm_90): a (query head, token)
+// pair's S slices are one cluster (grid (S, heads, tokens)), each slice's
+// (M, L, Σ e·v) stays in its block's shared memory and the first block
+// reads the others' through distributed shared memory after a cluster
+// barrier: no partials in global memory, no fence, no atomic counter, no
+// second pass over L2 (those were ~3 dependent round trips per call).
+__device__ __forceinline__ void cluster_sync_all() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The float at `p` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    u32 a = (u32)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+
+// Warp 0's view of its block's warps: their running maxima folded into M,
+// their sums into L, each warp's weight f[w] = exp(m_w - M).
+__device__ __forceinline__ void att_block_weights(const float* sm, const float* sl, float* f, float& M, float& L) {
+    M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
+        L += sl[w] * f[w];
+    }
+}
+
+// The block's Σ e·v for dim d: the warps' sums weighted by f.
+template <int DPL>
+__device__ __forceinline__ float att_block_sum(const float (*sacc)[DPL * 32], const float* f, int d) {
+    float s = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+    return s;
+}
+
+// The block's slice as (M, L, Σ e·v) at dst (global slot or shared memory).
+template <int DPL>
+__device__ __forceinline__ void att_slice_put(float* dst, const float (*sacc)[DPL * 32], const float* f, float M,
+                                              float L, int hd, int lane) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) dst[2 + d] = att_block_sum<DPL>(sacc, f, d);
+    }
+    if (lane == 0) {
+        dst[0] = M;
+        dst[1] = L;
+    }
+}
+
+// Merges S slices' (M, L, Σ e·v) — slot k's value at offset o is ld(k, o):
+// M at 0, L at 1, dims from 2 — into os (lane l: dims l, l + 32, ...), S <=
+// 32. Lane k loads slot k's (M, L), each weight exp(M_k - GM) is computed
+// once and passed by shuffles, and the loads of the outputs depend on
+// nothing loaded before them. (Walking the slices with dependent volatile
+// loads was ~12 us of serial L2 round trips per call: attention cost 18-26
+// us a layer.)
+template <int DPL, typename Ld>
+__device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float* os) {
+    float mk = lane < S ? ld(lane, 0) : -INFINITY;
+    float lk = lane < S ? ld(lane, 1) : 0.0f;
+    float GM = warp_max(mk);
+    float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
+    float GL = 0.0f;
+    for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
+    float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) os[i] = 0.0f;
+#pragma unroll 16
+    for (int k = 0; k < S; k++) {
+        float w = __shfl_sync(0xffffffffu, wk, k);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) os[i] += ld(k, 2 + d) * w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) os[i] *= invL;
+}
+
+// The end of a CLU attention block: warp 0 folds the block's warps into
+// the slice's (M, L, Σ e·v) as the global-memory merge does, the first
+// block of the cluster merges the S slices in the same order with the same
+// arithmetic (so results equal the unclustered split bit for bit), and every
+// block waits until it has read them. All threads of every block call it.
+template <int DPL>
+__device__ __forceinline__ void attention_cluster_merge(const float* sm, const float* sl,
+                                                        const float (*sacc)[DPL * 32], int hd, int S, int sp,
+                                                        int warp, int lane, float* o, i8* xq, float* xqd,
+                                                        float* xqs, u64 blk0) {
+    __shared__ float cp[2 + DPL * 32];
+    if (warp == 0) {
+        float M, L, f[ATT_WARPS];
+        att_block_weights(sm, sl, f, M, L);
+        att_slice_put<DPL>(cp, sacc, f, M, L, hd, lane);
+    }
+    cluster_sync_all();
+    if (sp == 0 && warp == 0) {
+        float os[DPL];
+        att_merge<DPL>([&](int k, int off) { return ld_cluster(cp + off, k); }, S, hd, lane, os);
+        att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
+    }
+    // The other blocks' shared memory is read: they may exit.
+    cluster_sync_all();
+}
+
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
 // done here instead. q is then the raw QKV row; every block applies the
 // norm and RoPE to its query head, the block holding the token's own
 // position computes that position's K (and reads V) from the QKV row rather
 // than the cache, and the first query head of each KV group writes both to
-// the cache for later steps.
-template <int DPL, bool FUSED>
+// the cache for later steps. CLU: the slices merge inside a cluster
+// (attention_cluster_merge).
+template <int DPL, bool FUSED, bool CLU = false>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
                                                int tstride, int bs, int nlg, int lig, int window, float scale,
                                                float softcap, float* out, int ostride, float* part, u32* counters,
-                                               const float* qnw, const float* knw, float eps, const float* cosb,
-                                               const float* sinb, int neox) {
+                                               i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
+                                               float eps, const float* cosb, const float* sinb, int neox) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][DPL * 32];
     __shared__ int last;
-    int h = blockIdx.x, t = blockIdx.y, S = gridDim.z, sp = blockIdx.z;
+    // CLU: grid (S, heads, tokens) in clusters of S; else (heads, tokens, S).
+    int h = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
+    int S = CLU ? gridDim.x : gridDim.z, sp = CLU ? blockIdx.x : blockIdx.z;
+    int ntok = CLU ? gridDim.z : gridDim.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = n_heads / n_kv;
     int kh = h / group;
@@ -494,7 +642,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
     for (int j = 0; j < ATT_PRE; j++) {
         int p = p0 + j * ATT_WARPS;
-        pre[j] = p < end && p + (int)gridDim.y <= (int)pos;
+        pre[j] = p < end && p + ntok <= (int)pos;
         if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
     PDL_ENTRY();
@@ -559,109 +707,73 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
     for (int i = 0; i < DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    if (warp != 0) return;
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = 0.0f;
-    float f[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
-        L += sl[w] * f[w];
+    if (CLU) {
+        attention_cluster_merge<DPL>(sm, sl, sacc, hd, S, sp, warp, lane, out + (u64)t * ostride + h * hd, xq,
+                                     xqd, xqs, ((u64)t * ostride + (u64)h * hd) >> 5);
+        return;
     }
+    if (warp != 0) return;
+    float M, L, f[ATT_WARPS];
+    att_block_weights(sm, sl, f, M, L);
     float* o = out + (u64)t * ostride + h * hd;
+    u64 blk0 = ((u64)t * ostride + (u64)h * hd) >> 5;
     if (S == 1) {
         float invL = L > 0.0f ? 1.0f / L : 0.0f;
+        float ov[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) {
-                float s = 0.0f;
-                for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
-                o[d] = s * invL;
-            }
+            ov[i] = (d < hd ? att_block_sum<DPL>(sacc, f, d) : 0.0f) * invL;
         }
+        att_store<DPL>(o, ov, hd, lane, xq, xqd, xqs, blk0);
         return;
     }
     // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
     u64 pair = (u64)t * n_heads + h;
-    float* pp = part + (pair * S + sp) * (hd + 2);
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        if (d < hd) {
-            float s = 0.0f;
-            for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
-            pp[2 + d] = s;
-        }
-    }
-    if (lane == 0) {
-        pp[0] = M;
-        pp[1] = L;
-    }
+    att_slice_put<DPL>(part + (pair * S + sp) * (hd + 2), sacc, f, M, L, hd, lane);
     __threadfence();
     if (lane == 0) last = atomicAdd(counters + pair, 1u) == (u32)(S - 1);
     __syncwarp();
     if (!last) return;
     __threadfence();
-    // The S partials (S <= 32): lane k loads slice k's (M, L), every weight
-    // exp(M_k - GM) is computed once and passed by shuffles, and the loads
-    // of the outputs depend on nothing loaded before them. (Walking the
-    // slices with dependent volatile loads was ~12 us of serial L2 round
-    // trips per call: attention cost 18-26 us a layer.) L2 loads (__ldcg):
-    // this SM's L1 may hold the slots from an earlier launch.
+    // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
     const float* base = part + pair * S * (hd + 2);
-    float mk = lane < S ? __ldcg(base + lane * (hd + 2)) : -INFINITY;
-    float lk = lane < S ? __ldcg(base + lane * (hd + 2) + 1) : 0.0f;
-    float GM = warp_max(mk);
-    float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
-    float GL = 0.0f;
-    for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
-    float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
     float os[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) os[i] = 0.0f;
-#pragma unroll 16
-    for (int k = 0; k < S; k++) {
-        float w = __shfl_sync(0xffffffffu, wk, k);
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd) os[i] += __ldcg(base + k * (hd + 2) + 2 + d) * w;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        if (d < hd) o[d] = os[i] * invL;
-    }
+    att_merge<DPL>([&](int k, int off) { return __ldcg(base + k * (hd + 2) + off); }, S, hd, lane, os);
+    att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
     if (lane == 0) counters[pair] = 0;
 }
 
 // Head dims up to 32 * DPL (the backend picks the smallest): registers
-// sized for the head, not for 256.
-#define ATTENTION(DPL)                                                                                 \
-    extern "C" __global__ void attention_d##DPL(                                                       \
+// sized for the head, not for 256. D: attention_d* (or, CLU, attention_cd*:
+// the slices of a (head, token) pair merged inside a cluster, grid (S, heads,
+// tokens) in clusters of S >= 2); F: the same doing qkv_post's work.
+#define ATTENTION(D, F, DPL, CLU)                                                                      \
+    extern "C" __global__ void D(                                                                      \
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters) {                                                                               \
-        attention_impl<DPL, false>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
-                                   tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,  \
-                                   counters, 0, 0, 0.0f, 0, 0, 0);                                     \
+        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
+        attention_impl<DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
+                                        tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
+                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);    \
     }                                                                                                  \
-    extern "C" __global__ void attention_f##DPL(                                                       \
+    extern "C" __global__ void F(                                                                      \
         const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, const float* qnw, const float* knw, float eps, const float* cosb, const float* sinb, \
-        int neox) {                                                                                    \
-        attention_impl<DPL, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
-                                  tstride, bs, nlg, lig, window, scale, softcap, out, ostride, part,   \
-                                  counters, qnw, knw, eps, cosb, sinb, neox);                          \
+        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
+        const float* cosb, const float* sinb, int neox) {                                              \
+        attention_impl<DPL, true, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx,  \
+                                       tables, tstride, bs, nlg, lig, window, scale, softcap, out,      \
+                                       ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, \
+                                       neox);                                                           \
     }
-ATTENTION(2)
-ATTENTION(4)
-ATTENTION(8)
+ATTENTION(attention_d2, attention_f2, 2, false)
+ATTENTION(attention_d4, attention_f4, 4, false)
+ATTENTION(attention_d8, attention_f8, 8, false)
+ATTENTION(attention_cd2, attention_cf2, 2, true)
+ATTENTION(attention_cd4, attention_cf4, 4, true)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).

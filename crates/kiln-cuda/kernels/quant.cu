@@ -349,6 +349,86 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
     for (int i = 0; i < 32; i++) w[i] = (float)(i8)((a[i >> 2] >> (8 * (i & 3))) & 0xff) * d;
 }
 
+// ---- Repacked Q6_K (rows of 7 to Q6KR_MAX_SB super-blocks, rearranged in
+// place at load by `repack_q6k`). A super-block is 208 bytes plus its f16
+// scale d, so only the d's keep it off 16-byte boundaries; they move: the row's
+// first F = (16 - row % 16) % 16 / 2 d's at its start, then every
+// super-block's other 208 bytes as one record (16-byte aligned), then the
+// remaining d's. A record holds its 8 units of 32 values as 8 x 16 bytes of
+// low nibbles (byte i: values i and i + 16, as repacked Q4_0), then 8 x 8
+// bytes of high bit pairs (value 4k + b: byte 4 * (k / 4) + b, bits
+// 2 * (k % 4), so a shift and a mask give the 4 values of activation word
+// k), then the 16 int8 sub-block scales as in the file. A unit's quants are
+// one 16-byte and one 8-byte load instead of 32 two-byte ones. Same bytes
+// per row, same values. Kernel type id: T_REPACKED + T_Q6_K.
+#define T_Q6_KR (T_REPACKED + T_Q6_K)
+#define Q6KR_MAX_SB 234  // a row in 48 KiB of shared memory (repack_q6k)
+
+__device__ __forceinline__ int q6kr_front(const u8* row) { return (int)((16 - ((u64)row & 15)) & 15) >> 1; }
+__device__ __forceinline__ const u8* q6kr_rec(const u8* row, int sb) { return row + 2 * q6kr_front(row) + sb * 208; }
+// Where super-block sb's d sits in a row of nsb.
+__device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
+    int f = q6kr_front(row);
+    return sb < f ? row + 2 * sb : row + 2 * f + nsb * 208 + 2 * (sb - f);
+}
+
+template <>
+__device__ __forceinline__ void unit<T_Q6_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
+    int sb = u >> 3, j = u & 7;
+    const u8* rec = q6kr_rec(row, sb);
+    float d = ld_h(q6kr_dp(row, sb, cols >> 8));
+    uint4 lo = *(const uint4*)(rec + 16 * j);
+    uint2 hi = *(const uint2*)(rec + 128 + 8 * j);
+    u32 l[4] = {lo.x, lo.y, lo.z, lo.w};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        // As unit<T_Q6_K>: the same products in the same order.
+        float dl = d * (float)(i8)rec[192 + 2 * j + h];
+        u32 hw = h ? hi.y : hi.x;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int q = ((l[i >> 2] >> (8 * (i & 3) + 4 * h)) & 15) | (((hw >> (8 * (i & 3) + 2 * (i >> 2))) & 3) << 4);
+            w[16 * h + i] = dl * (float)(q - 32);
+        }
+    }
+}
+
+// In place, a block per row (grid-stride over rows): Q6_K rows of nsb
+// super-blocks (7 <= nsb <= Q6KR_MAX_SB, rows 2-byte aligned) into the
+// layout above.
+extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
+    __shared__ u16 s[Q6KR_MAX_SB * 105];
+    const u8* in = (const u8*)s;
+    u64 rb = (u64)nsb * 210;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        u8* row = W + (u64)r * rb;
+        for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = ((const u16*)row)[i];
+        __syncthreads();
+        int f = q6kr_front(row);
+        for (int t = threadIdx.x; t < nsb * 8; t += blockDim.x) {
+            int sb = t >> 3, j = t & 7, half = j >> 2, jj = j & 3;
+            const u8* b = in + sb * 210;
+            const u8* ql = b + half * 64 + (jj & 1) * 32;
+            const u8* qh = b + 128 + half * 32;
+            u8 q6[32];
+            for (int i = 0; i < 32; i++) q6[i] = ((ql[i] >> (4 * (jj >> 1))) & 15) | (((qh[i] >> (2 * jj)) & 3) << 4);
+            u8* rec = row + 2 * f + sb * 208;
+            for (int i = 0; i < 16; i++) rec[16 * j + i] = (q6[i] & 15) | ((q6[i + 16] & 15) << 4);
+            u8 hb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int v = 0; v < 32; v++) {
+                int k = v >> 2, bb = v & 3;
+                hb[4 * (k >> 2) + bb] |= (u8)((q6[v] >> 4) << (2 * (k & 3)));
+            }
+            for (int i = 0; i < 8; i++) rec[128 + 8 * j + i] = hb[i];
+            rec[192 + 2 * j] = b[192 + 2 * j];
+            rec[193 + 2 * j] = b[193 + 2 * j];
+        }
+        for (int sb = threadIdx.x; sb < nsb; sb += blockDim.x)
+            *(u16*)(row + (q6kr_dp(row, sb, nsb) - row)) = s[sb * 105 + 104];
+        __syncthreads();
+    }
+}
+
 // In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
 // first, as in the file): the run becomes the 8 quant arrays, then the 8
 // scales. grid-stride over `runs`; qb <= 32.

@@ -82,53 +82,98 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 /// Kernel-table index of a repacked matrix: this plus its ggml type id.
 pub(crate) const REPACKED: usize = 48;
 
-/// Quantized types whose layer matrices are repacked at load (`repack8` in
-/// quant.cu: each run of 8 blocks as 8 quant arrays, then 8 scales, so the
-/// GEMVs read a block's quants with one 16-byte load): the kernels' name
-/// suffix and the quant bytes per block.
-pub(crate) fn repacked_name(ty: GgmlType) -> Option<(&'static str, usize)> {
+/// Quantized types whose matrices are repacked at load, and their kernels'
+/// name suffix. Q4_0 / Q8_0 (`repack8` in quant.cu): each run of 8 blocks
+/// as 8 quant arrays, then 8 scales, so the GEMVs read a block's quants with
+/// one 16-byte load. Q6_K (`repack_q6k`): the super-blocks' f16 scales moved
+/// aside so that the rest of each starts 16-byte aligned, a unit's 6-bit
+/// quants as one 16-byte and one 8-byte word.
+pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
     match ty {
-        GgmlType::Q4_0 => Some(("q4_0r", 16)),
-        GgmlType::Q8_0 => Some(("q8_0r", 32)),
+        GgmlType::Q4_0 => Some("q4_0r"),
+        GgmlType::Q8_0 => Some("q8_0r"),
+        GgmlType::Q6K => Some("q6_kr"),
         _ => None,
     }
 }
 
-/// The quant bytes per block when rows of `cols` values of `ty` are
-/// repacked (whole runs of 8 blocks), else None.
-pub(crate) fn repacked_quant_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+/// How rows of `cols` values of `ty` are repacked, when they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repack {
+    /// `repack8`: whole runs of 8 blocks of this many quant bytes.
+    Runs8(usize),
+    /// `repack_q6k`: rows of this many super-blocks.
+    Q6K(usize),
+}
+
+/// Super-blocks a Q6_K row may have to be repacked: at least as many as
+/// d's move to the row's front (up to 7), at most what `repack_q6k` holds
+/// in shared memory (Q6KR_MAX_SB in quant.cu).
+const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
+
+/// The repacked layout of rows of `cols` values of `ty`, when they have one.
+pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-    repacked_name(ty)
-        .filter(|_| cols % 256 == 0)
-        .map(|(_, qb)| qb)
+    let whole = cols % 256 == 0;
+    match ty {
+        GgmlType::Q4_0 if whole => Some(Repack::Runs8(16)),
+        GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
+        GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
+        _ => None,
+    }
+}
+
+/// The load-time repacking kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct Repackers {
+    runs8: cudarc::driver::sys::CUfunction,
+    q6k: cudarc::driver::sys::CUfunction,
+}
+
+impl Repackers {
+    pub(crate) fn load(gpu: &mut Gpu) -> CuResult<Repackers> {
+        Ok(Repackers {
+            runs8: gpu.func("repack8")?,
+            q6k: gpu.func("repack_q6k")?,
+        })
+    }
 }
 
 /// Rearranges `rows` x `cols` values of `ty` at `ptr` in place into the
 /// repacked layout; returns the kernel-table index for the result, or None
-/// (and leaves the bytes) when `ty` has no repacked kernels or a row is not
-/// whole runs of 8 blocks.
+/// (and leaves the bytes) when `ty` or `cols` has no repacked layout.
 pub(crate) fn repack(
     gpu: &Gpu,
-    f: cudarc::driver::sys::CUfunction,
+    f: &Repackers,
     ty: GgmlType,
     ptr: u64,
     rows: usize,
     cols: usize,
 ) -> CuResult<Option<usize>> {
-    let Some(qb) = repacked_quant_bytes(ty, cols) else {
+    let Some(layout) = repack_layout(ty, cols) else {
         return Ok(None);
     };
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
     if ptr % 16 != 0 {
         return Ok(None);
     }
-    let runs = rows * cols / 256;
-    gpu.launch(
-        f,
-        (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-        256,
-        &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
-    )?;
+    match layout {
+        Repack::Runs8(qb) => {
+            let runs = rows * cols / 256;
+            gpu.launch(
+                f.runs8,
+                (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                256,
+                &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
+            )?;
+        }
+        Repack::Q6K(nsb) => gpu.launch(
+            f.q6k,
+            (rows.clamp(1, 65535) as u32, 1, 1),
+            256,
+            &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
+        )?,
+    }
     Ok(Some(REPACKED + ty.id() as usize))
 }
 
@@ -166,6 +211,24 @@ pub(crate) fn mvqs_kernel(
         (GgmlType::Q4_0, true) => Some((if cols <= 4096 { 4 } else { 8 }, "q4_0r")),
         _ => None,
     }
+}
+
+/// Widest row the two-units-in-flight one-token GEMV (`mvq2_*`) takes.
+const MVQ_NARROW_COLS: usize = 2048;
+
+/// The matrices with a two-units-in-flight one-token GEMV (`mvq2_*` in
+/// gemv.cu): kernel-table index and name suffix.
+fn mvq2_types() -> [(usize, &'static str); 1] {
+    [(REPACKED + GgmlType::Q6K.id() as usize, "q6_kr")]
+}
+
+/// Whether the one-token product with a matrix of `ty` with `cols` columns
+/// (`repacked`: in the repacked layout) takes `mvq2_*` rather than `mvq_*`:
+/// repacked Q6_K rows of at most 2,048 columns, where a lane never has more
+/// than two units and `mvq_q6_kr`'s registers for four cost occupancy
+/// (`cuda_check --gemv-micro`, 1B shape on the H100: gate|up 13.5 -> 10.8 µs).
+pub(crate) fn mvq_narrow(ty: GgmlType, repacked: bool, cols: usize) -> bool {
+    ty == GgmlType::Q6K && repacked && cols <= MVQ_NARROW_COLS
 }
 
 /// Batches of up to this many tokens (and fewer than `gemm_min`) use the
@@ -501,6 +564,9 @@ struct Kernels {
     /// Per kernel-table index: the streaming one-token GEMV with 4 and 8
     /// blocks per lane in flight ([`mvqs_kernel`]).
     mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// Per kernel-table index: `mvq` with two units per lane in flight
+    /// ([`mvq_narrow`]).
+    mvq2: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -521,6 +587,9 @@ struct Kernels {
     attention_tile: cudarc::driver::sys::CUfunction,
     /// `attention_d2/d4` doing qkv_post's work themselves (`attention_f2/f4`).
     attention_fused: [cudarc::driver::sys::CUfunction; 2],
+    /// `attention_d2/d4` ([0]) and `attention_f2/f4` ([1]) merging their
+    /// slices inside a thread-block cluster (`attention_cd*` / `attention_cf*`).
+    attention_cl: [[cudarc::driver::sys::CUfunction; 2]; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -528,7 +597,7 @@ struct Kernels {
     /// Per ggml type id: rows to 16-bit floats (for the GEMM path).
     deq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     to_half: cudarc::driver::sys::CUfunction,
-    repack8: cudarc::driver::sys::CUfunction,
+    repack: Repackers,
     add_bias: cudarc::driver::sys::CUfunction,
 }
 
@@ -551,6 +620,7 @@ impl Kernels {
         let mut mvf = vec![None; 64];
         let mut mvq = vec![None; 64];
         let mut mvqs = vec![None; 64];
+        let mut mvq2 = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
@@ -570,9 +640,10 @@ impl Kernels {
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
             }
-            if let Some((n, _)) = repacked_name(ty) {
+            if let Some(n) = repacked_name(ty) {
                 let id = REPACKED + ty.id() as usize;
                 mm[id] = Some(mm_funcs(gpu, n)?);
+                embed[id] = Some(gpu.func(&format!("embed_{n}"))?);
                 mv[id] = Some(gpu.func(&format!("mv_{n}"))?);
                 deq[id] = Some(gpu.func(&format!("deq_{n}"))?);
                 mvq[id] = Some(gpu.func(&format!("mvq_{n}"))?);
@@ -585,12 +656,16 @@ impl Kernels {
                 gpu.func(&format!("mvqs8_{n}"))?,
             ]);
         }
+        for (id, n) in mvq2_types() {
+            mvq2[id] = Some(gpu.func(&format!("mvq2_{n}"))?);
+        }
         Ok(Kernels {
             mm,
             mv,
             mvf,
             mvq,
             mvqs,
+            mvq2,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
             gather_kv_half: gpu.func("gather_kv_half")?,
@@ -614,13 +689,17 @@ impl Kernels {
             ],
             attention_tile: gpu.func("attention_tile")?,
             attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
+            attention_cl: [
+                [gpu.func("attention_cd2")?, gpu.func("attention_cd4")?],
+                [gpu.func("attention_cf2")?, gpu.func("attention_cf4")?],
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
             sample: gpu.func("sample_rows")?,
             deq,
             to_half: gpu.func("to_half")?,
-            repack8: gpu.func("repack8")?,
+            repack: Repackers::load(gpu)?,
             add_bias: gpu.func("add_bias")?,
         })
     }
@@ -752,6 +831,11 @@ pub struct CudaBackend {
     flash: Option<cudarc::driver::sys::CUfunction>,
     /// See [`CudaOptions::fuse_qkv`].
     fuse_qkv: bool,
+    /// Most slices of a split decode attention merged inside a cluster
+    /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
+    /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
+    /// global memory.
+    att_cluster_max: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1387,6 +1471,16 @@ impl CudaBackend {
 
         let mut k = Kernels::load(&mut gpu)?;
         let flash_f = flash.map(|i| k.flash[i]);
+        let att_cluster_max = if std::env::var("KILN_CUDA_ATT_CLUSTER").is_ok_and(|v| v == "0") {
+            1
+        } else {
+            k.attention_cl
+                .iter()
+                .flatten()
+                .map(|&f| gpu.max_cluster(f, 128, ATT_SPLIT_MAX as u32))
+                .min()
+                .unwrap_or(1) as usize
+        };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
             k.mvqs.iter_mut().for_each(|f| *f = None);
@@ -1395,7 +1489,7 @@ impl CudaBackend {
         // Weights.
         let embd_h = HostMat::load(m, "token_embd.weight", vocab, hid)?;
         let embd_p = upload_proj(m, vec![embd_h], None)?;
-        let embd = embd_p
+        let mut embd = embd_p
             .parts
             .into_iter()
             .next()
@@ -1434,26 +1528,27 @@ impl CudaBackend {
         let mut layers = (0..d.n_layers)
             .map(|i| load_layer(m, d, i))
             .collect::<Result<Vec<_>>>()?;
-        if std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0") {
-            for l in &mut layers {
-                for p in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
-                    for (mat, _) in &mut p.parts {
-                        if let Some(kid) =
-                            repack(&gpu, k.repack8, mat.ty, mat.ptr(), mat.rows, mat.cols)?
-                        {
-                            mat.kernel = kid;
-                        }
-                    }
-                }
-            }
-        }
-        let output = if d.tied_embeddings {
+        let mut output = if d.tied_embeddings {
             None
         } else {
             let h = HostMat::load(m, "output.weight", vocab, hid)?;
             let p = upload_proj(m, vec![h], None)?;
             p.parts.into_iter().next().map(|(mat, _)| mat)
         };
+        if std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0") {
+            // Every matrix, the output one (or the tied embeddings it reads)
+            // too: it is the largest a token reads.
+            let layer_mats = layers.iter_mut().flat_map(|l| {
+                [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down]
+                    .into_iter()
+                    .flat_map(|p| p.parts.iter_mut().map(|(mat, _)| mat))
+            });
+            for mat in layer_mats.chain([&mut embd]).chain(output.as_mut()) {
+                if let Some(kid) = repack(&gpu, &k.repack, mat.ty, mat.ptr(), mat.rows, mat.cols)? {
+                    mat.kernel = kid;
+                }
+            }
+        }
         let out_norm = load_norm(m, d, "output_norm")?;
 
         // RoPE tables, built exactly as the CPU backend builds them.
@@ -1594,6 +1689,7 @@ impl CudaBackend {
             att_gemm_keys,
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
+            att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -1829,7 +1925,9 @@ impl CudaBackend {
                     .gpu
                     .launch(f, (grid, 1, 1), MVQS_THREADS, one(&xq).get());
             }
-            if let (true, Some(f)) = (q8, self.k.mvq[id]) {
+            let narrow = mvq_narrow(mat.ty, id >= REPACKED, mat.cols);
+            let plain = self.k.mvq[id];
+            if let (true, Some(f)) = (q8, self.k.mvq2[id].filter(|_| narrow).or(plain)) {
                 return self
                     .gpu
                     .launch(f, (rows_per(MVQ_ROWS), 1, 1), block, one(&xq).get());
@@ -2359,7 +2457,7 @@ impl CudaBackend {
         let (hid, qd, kvd, inter) = (d.hidden, d.q_dim(), d.kv_dim(), d.intermediate);
         let qkv_dim = qd + 2 * kvd;
 
-        let ef = self.k.embed[self.embd.ty.id() as usize]
+        let ef = self.k.embed[self.embd.kernel]
             .ok_or_else(|| CudaError(format!("no embedding kernel for {}", self.embd.ty)))?;
         self.gpu.launch(
             ef,
@@ -2474,6 +2572,8 @@ impl CudaBackend {
                     Arg::I(qd as i32),
                 ],
             ]);
+            // Whether the attention also wrote what the O projection reads.
+            let mut o_staged = false;
             if let Some(p0) = gemm_chunk {
                 self.attention_gemm(n, p0, window, g, &cache)?;
             } else if n >= self.att_gqa_min
@@ -2499,14 +2599,15 @@ impl CudaBackend {
                 )?;
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
+                let dpl = match d.head_dim {
+                    0..=64 => 0,
+                    65..=128 => 1,
+                    _ => 2,
+                };
                 let att_dec = if fused {
                     self.k.attention_fused[d.head_dim / 128]
                 } else {
-                    self.k.attention[match d.head_dim {
-                        0..=64 => 0,
-                        65..=128 => 1,
-                        _ => 2,
-                    }]
+                    self.k.attention[dpl]
                 };
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
@@ -2518,8 +2619,9 @@ impl CudaBackend {
                     Arg::I(d.n_kv_heads as i32),
                     Arg::I(d.head_dim as i32),
                 ];
-                // `attention` takes the split scratch too; `attention_g*`
-                // stop before it (a launch reads only its kernel's own).
+                // `attention` takes the split scratch (and what follows)
+                // too; `attention_g*` stop before it (a launch reads only
+                // its kernel's own).
                 let scratch = [Arg::P(s.att_part.ptr), Arg::P(s.att_count.ptr)];
                 // `attention_f*` also take qkv_post's norm and RoPE arguments.
                 let post_args = [
@@ -2531,15 +2633,37 @@ impl CudaBackend {
                     Arg::I(rope.map_or(0, |r| i32::from(r.neox))),
                 ];
                 let post: &[Arg] = if fused { &post_args } else { &[] };
-                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, post]);
-                self.gpu.launch(
-                    att_f,
-                    (att_heads as u32, n as u32, split.max(1) as u32),
-                    128,
-                    args.get(),
-                )?;
+                // `attention_d*` / `attention_f*` also write the O
+                // projection's 8-bit input when it takes one (whole 32-dim
+                // blocks: head dims a multiple of 32), sparing quantize_q8.
+                #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+                let o_q8 = if gqa.is_none() && d.head_dim % 32 == 0 {
+                    self.q8_args(&l.o, n)
+                } else {
+                    [Arg::P(0), Arg::P(0), Arg::P(0)]
+                };
+                o_staged = !matches!(o_q8[0], Arg::P(0));
+                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
+                // Split attention of head dims up to 128: the slices merged
+                // inside a cluster when they fit one.
+                if dpl < 2 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
+                    self.gpu.launch_cluster(
+                        self.k.attention_cl[usize::from(fused)][dpl],
+                        (split as u32, att_heads as u32, n as u32),
+                        128,
+                        split as u32,
+                        args.get(),
+                    )?;
+                } else {
+                    self.gpu.launch(
+                        att_f,
+                        (att_heads as u32, n as u32, split.max(1) as u32),
+                        128,
+                        args.get(),
+                    )?;
+                }
             }
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, false)?;
+            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_staged)?;
             self.add_norm(
                 n,
                 s.tmp.ptr,
@@ -2595,6 +2719,17 @@ impl CudaBackend {
         if k == 0 {
             return Ok(());
         }
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        // The output GEMV's 8-bit input, written by gather_norm.
+        let q = if self.mv_path(k) && self.uses_q8(out) {
+            [
+                Arg::P(self.s.xq.ptr),
+                Arg::P(self.s.xq_d.ptr),
+                Arg::P(self.s.xq_s.ptr),
+            ]
+        } else {
+            [Arg::P(0), Arg::P(0), Arg::P(0)]
+        };
         self.gpu.launch(
             self.k.gather_norm,
             (k as u32, 1, 1),
@@ -2608,12 +2743,11 @@ impl CudaBackend {
                 Arg::I(hid as i32),
                 Arg::F(d.norm_eps),
                 Arg::I(norm_kind(d.norm)),
+                q[0],
+                q[1],
+                q[2],
             ],
         )?;
-        let out = self.output.as_ref().unwrap_or(&self.embd);
-        if self.mv_path(k) && self.uses_q8(out) {
-            self.quantize_x(s.seln.ptr, hid, k)?;
-        }
         self.mm(
             out,
             Operands {
@@ -2900,6 +3034,32 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
+    /// shared-memory row buffer does, and starts at the 7 scales that may
+    /// move to a row's front.
+    #[test]
+    fn repack_limits_match_the_kernels() {
+        let src = include_str!("../kernels/quant.cu");
+        let max_sb: usize = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define Q6KR_MAX_SB "))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("Q6KR_MAX_SB in quant.cu");
+        assert_eq!(*Q6KR_SB.end(), max_sb);
+        assert!(max_sb * 210 <= 48 * 1024);
+        use GgmlType::*;
+        assert_eq!(repack_layout(Q6K, 6 * 256), None);
+        assert_eq!(repack_layout(Q6K, 7 * 256), Some(Repack::Q6K(7)));
+        assert_eq!(repack_layout(Q6K, 4096), Some(Repack::Q6K(16)));
+        assert_eq!(repack_layout(Q6K, max_sb * 256), Some(Repack::Q6K(max_sb)));
+        assert_eq!(repack_layout(Q6K, (max_sb + 1) * 256), None);
+        assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Runs8(16)));
+        assert_eq!(repack_layout(Q8_0, 2048), Some(Repack::Runs8(32)));
+        assert_eq!(repack_layout(Q4_0, 4096 + 32), None);
+        assert_eq!(repack_layout(Q4K, 4096), None);
+    }
 
     #[test]
     fn byte_counts() {

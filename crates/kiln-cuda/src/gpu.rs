@@ -521,6 +521,56 @@ impl Gpu {
         self.info.cc.0 >= 9
     }
 
+    /// The largest cluster of `block`-thread blocks, a power of two up to
+    /// `want`, that `f` can run with at least one cluster resident (clusters
+    /// past 8 blocks need the non-portable opt-in, set here); 1 without
+    /// clusters.
+    pub(crate) fn max_cluster(&self, f: sys::CUfunction, block: u32, want: u32) -> u32 {
+        if !self.clusters() {
+            return 1;
+        }
+        // SAFETY: f is a live function of this context; a failure only
+        // leaves the portable limit of 8 in force.
+        let _ = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        };
+        let mut c = want.next_power_of_two();
+        while c > 1 {
+            let mut attr = sys::CUlaunchAttribute_st {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+            };
+            attr.value.clusterDim.x = c;
+            attr.value.clusterDim.y = 1;
+            attr.value.clusterDim.z = 1;
+            let cfg = sys::CUlaunchConfig_st {
+                gridDimX: c,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut n: std::ffi::c_int = 0;
+            // SAFETY: cfg and attr outlive the call; n is written.
+            let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &cfg) };
+            if r == sys::CUresult::CUDA_SUCCESS && n >= 1 {
+                return c;
+            }
+            c /= 2;
+        }
+        1
+    }
+
     /// [`Gpu::launch`] with the grid's x dimension in clusters of `cluster`
     /// blocks (1: none; more needs [`Gpu::clusters`] and divides grid.0).
     pub(crate) fn launch_cluster(

@@ -2,7 +2,7 @@
 
 use kiln_format::GgmlType;
 
-use crate::backend::{kernel_type_name, repack, repacked_name};
+use crate::backend::{kernel_type_name, repack, repacked_name, Repackers};
 use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu};
 
 /// `y[t][r] = W[r] · x[t]` for `n` tokens with the GEMV kernel of `ty`
@@ -207,7 +207,14 @@ pub fn matvec_fast(
                 (f, rows.div_ceil(t as usize / 32), t)
             }
             None => (
-                gpu.func(&format!("mvq_{name}"))?,
+                gpu.func(&format!(
+                    "{}_{name}",
+                    if crate::backend::mvq_narrow(ty, p.repacked.is_some(), cols) {
+                        "mvq2"
+                    } else {
+                        "mvq"
+                    }
+                ))?,
                 rows.div_ceil(8 * crate::backend::MVQ_ROWS),
                 256,
             ),
@@ -292,9 +299,9 @@ fn quantize_q8(gpu: &mut Gpu, x: &DevBuf, nb: usize) -> CuResult<(DevBuf, DevBuf
     Ok((q, d, s))
 }
 
-/// Whether the backend repacks layer matrices of `ty` with `cols` columns.
+/// Whether the backend repacks matrices of `ty` with `cols` columns.
 pub fn repacks(ty: GgmlType, cols: usize) -> bool {
-    crate::backend::repacked_quant_bytes(ty, cols).is_some()
+    crate::backend::repack_layout(ty, cols).is_some()
 }
 
 /// A product's device buffers: weights, input, a NaN-filled output.
@@ -329,9 +336,9 @@ fn product_buffers(
     let dw = DevBuf::from_bytes(w)?;
     let mut suffix = None;
     if repacked {
-        let f = gpu.func("repack8")?;
-        match (repack(gpu, f, ty, dw.ptr, rows, cols)?, repacked_name(ty)) {
-            (Some(_), Some((name, _))) => suffix = Some(name),
+        let f = Repackers::load(gpu)?;
+        match (repack(gpu, &f, ty, dw.ptr, rows, cols)?, repacked_name(ty)) {
+            (Some(_), Some(name)) => suffix = Some(name),
             _ => return Err(CudaError(format!("{ty} x {cols} is not repacked"))),
         }
     }
