@@ -263,10 +263,13 @@ struct Rq<T_Q6_KR> {
 
 // Repacked Q4_K: word 0 the unit's quants, word 1 its super-block's
 // header; `d` carries the unit's index in the super-block (rdot picks its
-// scale and min from the header with it).
+// scale and min from the header with it). Two units per lane in flight:
+// micro (8B layer chain, H100) 1.70 ms against 1.97 with four and 1.92 for
+// the plain layout's `mvq_q4_k` (four); the 14,336-column down projection
+// 19.9 -> 14.0 µs, the other matrices within 0.3 µs.
 template <>
 struct Rq<T_Q4_KR> {
-    static constexpr int QW = 2, UW = 8;
+    static constexpr int QW = 2, UW = 4;
 };
 
 template <int T>
@@ -586,19 +589,16 @@ MVQ(q6_k, T_Q6_K)
 MVQR(q4_0r, T_Q4_0R)
 MVQR(q6_kr, T_Q6_KR)
 MVQR(q4_kr, T_Q4_KR)
-// Repacked k-quants with two units per lane in flight, for rows of at most
-// 2,048 columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most
-// two units, and registers for four (mvq_q6_kr: 128 a thread) only cost
-// occupancy. `cuda_check --gemv-micro`, H100, 1B shape, Q6_KR: gate|up
-// 13.5 -> 10.8 µs, qkv 3.7 -> 2.8; on rows of 8,192 columns four in flight
-// stay faster (6.4 against 8.5).
-#define MVQR2(TNAME, T)                                                                               \
-    extern "C" __global__ void mvq2_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
-                                            const float* xd, const float* xs, float* y, const float* bias) { \
-        mvqr_impl<T, 2>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                 \
-    }
-MVQR2(q6_kr, T_Q6_KR)
-MVQR2(q4_kr, T_Q4_KR)
+// Q6_KR with two units per lane in flight, for rows of at most 2,048
+// columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
+// units, and mvq_q6_kr's registers for four (128 a thread) only cost
+// occupancy. `cuda_check --gemv-micro`, H100, 1B shape: gate|up 13.5 -> 10.8 µs,
+// qkv 3.7 -> 2.8; on rows of 8,192 columns four in flight stay faster (6.4
+// against 8.5).
+extern "C" __global__ void mvq2_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
+                                      const float* xd, const float* xs, float* y, const float* bias) {
+    mvqr_impl<T_Q6_KR, 2>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
+}
 
 // Streaming one-token GEMV for the repacked types (rows of at most
 // MVQS_COLS): the block's 8-bit x staged once in shared memory (its warps

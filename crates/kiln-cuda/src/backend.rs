@@ -233,11 +233,8 @@ const MVQ_NARROW_COLS: usize = 2048;
 
 /// The matrices with a two-units-in-flight one-token GEMV (`mvq2_*` in
 /// gemv.cu): kernel-table index and name suffix.
-fn mvq2_types() -> [(usize, &'static str); 2] {
-    [
-        (REPACKED + GgmlType::Q6K.id() as usize, "q6_kr"),
-        (REPACKED + GgmlType::Q4K.id() as usize, "q4_kr"),
-    ]
+fn mvq2_types() -> [(usize, &'static str); 1] {
+    [(REPACKED + GgmlType::Q6K.id() as usize, "q6_kr")]
 }
 
 /// Whether the one-token product with a matrix of `ty` with `cols` columns
