@@ -429,6 +429,58 @@ extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
     }
 }
 
+// ---- Repacked Q4_K (rows of whole super-blocks, rearranged in place at
+// load by `repack_q4k`). A super-block keeps its 144 bytes and its 16-byte
+// header (f16 d, f16 dmin, the 12 bytes of packed scales and mins); its
+// 128 quant bytes become 8 x 16, one run per 32-value unit, byte i holding
+// values i (low nibble) and i + 16 (high), as repacked Q4_0. In the file,
+// units 2p and 2p + 1 share 32 bytes (low and high nibbles), so a unit took
+// two 16-byte loads and used half of each, plus byte loads for its scale
+// and min; now it is one 16-byte load of quants and one of the header
+// (coalesced across the 8 lanes of a super-block). Same bytes per row,
+// same values. Kernel type id: T_REPACKED + T_Q4_K.
+#define T_Q4_KR (T_REPACKED + T_Q4_K)
+
+template <>
+__device__ __forceinline__ void unit<T_Q4_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 144;
+    int j = u & 7;
+    float dl, ml;
+    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
+    uint4 v = *(const uint4*)(b + 16 + 16 * j);
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        // As unit<T_Q4_K>: the same expression per value.
+        w[i] = dl * (float)(q & 15) - ml;
+        w[i + 16] = dl * (float)(q >> 4) - ml;
+    }
+}
+
+// In place, one thread per super-block (grid-stride over `nsb` of them,
+// 16-byte aligned): Q4_K into the layout above.
+extern "C" __global__ void repack_q4k(u8* W, u64 nsb) { PDL_ENTRY();
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < nsb; t += (u64)gridDim.x * blockDim.x) {
+        uint4* qs = (uint4*)(W + t * 144 + 16);
+        union {
+            uint4 v[8];
+            u8 b[128];
+        } in;
+        for (int i = 0; i < 8; i++) in.v[i] = qs[i];
+        for (int j = 0; j < 8; j++) {
+            union {
+                uint4 v;
+                u8 b[16];
+            } o;
+            const u8* src = in.b + (j >> 1) * 32;
+            int sh = 4 * (j & 1);
+            for (int i = 0; i < 16; i++) o.b[i] = (u8)(((src[i] >> sh) & 15) | (((src[i + 16] >> sh) & 15) << 4));
+            qs[j] = o.v;
+        }
+    }
+}
+
 // In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
 // first, as in the file): the run becomes the 8 quant arrays, then the 8
 // scales. grid-stride over `runs`; qb <= 32.

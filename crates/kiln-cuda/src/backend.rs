@@ -93,6 +93,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => Some("q4_0r"),
         GgmlType::Q8_0 => Some("q8_0r"),
         GgmlType::Q6K => Some("q6_kr"),
+        GgmlType::Q4K => Some("q4_kr"),
         _ => None,
     }
 }
@@ -104,6 +105,8 @@ pub(crate) enum Repack {
     Runs8(usize),
     /// `repack_q6k`: rows of this many super-blocks.
     Q6K(usize),
+    /// `repack_q4k`: each super-block in its place.
+    Q4K,
 }
 
 /// Super-blocks a Q6_K row may have to be repacked: at least as many as
@@ -119,6 +122,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q4_0 if whole => Some(Repack::Runs8(16)),
         GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
+        GgmlType::Q4K if whole => Some(Repack::Q4K),
         _ => None,
     }
 }
@@ -128,6 +132,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 pub(crate) struct Repackers {
     runs8: cudarc::driver::sys::CUfunction,
     q6k: cudarc::driver::sys::CUfunction,
+    q4k: cudarc::driver::sys::CUfunction,
 }
 
 impl Repackers {
@@ -135,6 +140,7 @@ impl Repackers {
         Ok(Repackers {
             runs8: gpu.func("repack8")?,
             q6k: gpu.func("repack_q6k")?,
+            q4k: gpu.func("repack_q4k")?,
         })
     }
 }
@@ -173,6 +179,15 @@ pub(crate) fn repack(
             256,
             &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
         )?,
+        Repack::Q4K => {
+            let nsb = rows * cols / 256;
+            gpu.launch(
+                f.q4k,
+                (nsb.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                256,
+                &[Arg::P(ptr), Arg::P(nsb as u64)],
+            )?;
+        }
     }
     Ok(Some(REPACKED + ty.id() as usize))
 }
@@ -3058,7 +3073,9 @@ mod tests {
         assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Runs8(16)));
         assert_eq!(repack_layout(Q8_0, 2048), Some(Repack::Runs8(32)));
         assert_eq!(repack_layout(Q4_0, 4096 + 32), None);
-        assert_eq!(repack_layout(Q4K, 4096), None);
+        assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
+        assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
+        assert_eq!(repack_layout(Q5K, 4096), None);
     }
 
     #[test]
