@@ -318,16 +318,22 @@ __device__ __forceinline__ float rdot<T_Q8_0R>(const uint4* q, u16 d, const int*
     return __fmul_rn(__fmul_rn(h2f(d), dx), (float)s);
 }
 
-// Repacked Q4_0: byte i of the 16 holds values i (low nibble) and i + 16.
-template <>
-__device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+// The integer dot product of 32 4-bit values stored as in repacked Q4_0
+// and Q4_K (byte i: values i, low nibble, and i + 16) with x's 8 words.
+__device__ __forceinline__ int nib_dot(const uint4& q, const int* xv) {
+    u32 a[4] = {q.x, q.y, q.z, q.w};
     int s = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s = __dp4a((int)(a[i] & 0x0f0f0f0fu), xv[i], s);
         s = __dp4a((int)((a[i] >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
     }
+    return s;
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    int s = nib_dot(q[0], xv);
     return __fmul_rn(h2f(d), __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
 }
 
@@ -358,13 +364,7 @@ __device__ __forceinline__ float q4k_sum(float d, float dmin, int sc, int m, int
 // 4-7 / 8-11; k4_scale_i's selection for unit j by shifts.
 template <>
 __device__ __forceinline__ float rdot<T_Q4_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        s = __dp4a((int)(a[i] & 0x0f0f0f0fu), xv[i], s);
-        s = __dp4a((int)((a[i] >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
-    }
+    int s = nib_dot(q[0], xv);
     int j = d, sh = 8 * (j & 3);
     u32 lo = q[1].y >> sh, mid = q[1].z >> sh, hi = q[1].w >> sh;
     int sc, m;

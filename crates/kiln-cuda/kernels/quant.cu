@@ -230,13 +230,20 @@ __device__ __forceinline__ void k4_scale(const u8* s, int j, float d, float dmin
     *ml = dmin * (float)m;
 }
 
+// Unit u's super-block of a Q4_K row (plain or repacked: the header is the
+// same) and the unit's scale and min.
+__device__ __forceinline__ const u8* q4k_block(const u8* row, int u, float* dl, float* ml) {
+    const u8* b = row + (u >> 3) * 144;
+    k4_scale(b + 4, u & 7, ld_h(b), ld_h(b + 2), dl, ml);
+    return b;
+}
+
 // { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }
 template <>
 __device__ __forceinline__ void unit<T_Q4_K>(const u8* __restrict__ row, int u, int cols, float* w) {
-    const u8* b = row + (u >> 3) * 144;
     int j = u & 7;
     float dl, ml;
-    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
+    const u8* b = q4k_block(row, u, &dl, &ml);
     const uint4* qs = (const uint4*)(b + 16 + (j >> 1) * 32);
     int shift = 4 * (j & 1);
 #pragma unroll
@@ -443,11 +450,9 @@ extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
 
 template <>
 __device__ __forceinline__ void unit<T_Q4_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
-    const u8* b = row + (u >> 3) * 144;
-    int j = u & 7;
     float dl, ml;
-    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
-    uint4 v = *(const uint4*)(b + 16 + 16 * j);
+    const u8* b = q4k_block(row, u, &dl, &ml);
+    uint4 v = *(const uint4*)(b + 16 + 16 * (u & 7));
     u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; i++) {
