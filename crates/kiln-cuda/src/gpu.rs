@@ -198,6 +198,9 @@ pub struct Gpu {
     /// names): what one more launch of a kernel costs in place, for
     /// profiling without hardware counters. Outputs are then wrong.
     twice: Vec<sys::CUfunction>,
+    /// A no-op kernel launched before every kernel (`$KILN_CUDA_BOUNDARY=1`):
+    /// what one more kernel boundary costs in place. Outputs stay right.
+    boundary: Option<sys::CUfunction>,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -465,6 +468,14 @@ impl Gpu {
             // SAFETY: module is live.
             .filter_map(|c| unsafe { dr::module::get_function(module, c) }.ok())
             .collect();
+        let boundary = if std::env::var("KILN_CUDA_BOUNDARY").is_ok_and(|v| v == "1") {
+            CString::new("nop")
+                .ok()
+                // SAFETY: module is live.
+                .and_then(|c| unsafe { dr::module::get_function(module, c) }.ok())
+        } else {
+            None
+        };
         Ok(Gpu {
             info,
             ctx,
@@ -475,6 +486,7 @@ impl Gpu {
             profile: std::cell::RefCell::new(None),
             pdl: cc.0 >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
             twice,
+            boundary,
         })
     }
 
@@ -611,6 +623,9 @@ impl Gpu {
             }
             _ => None,
         };
+        if let Some(nop) = self.boundary {
+            self.launch_once(nop, (1, 1, 1), 32, 1, &mut [])?;
+        }
         if self.twice.contains(&f) {
             self.launch_once(f, grid, block, cluster, &mut ptrs[..args.len()])?;
         }
