@@ -279,7 +279,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     }
                 }
             }
-            // The repacked layout (Q4_0 / Q8_0 / Q6_K matrices): the same
+            // The repacked layout (Q4_0 / Q8_0 / Q4_K / Q6_K matrices): the same
             // integers and scales in another order, so every kernel that
             // reads it gives the plain layout's results bit for bit.
             let repacked = if kiln_cuda::testing::repacks(ty, cols) {

@@ -489,7 +489,7 @@ __device__ __forceinline__ float qdot<T_Q6_K>(const u8* __restrict__ row, int u,
 #define MVQ_UNROLL 2
 template <int T>
 __device__ __forceinline__ constexpr int mvq_unroll() {
-    return T == T_Q4_K || T == T_Q6_K || T == T_Q6_KR ? 4 : MVQ_UNROLL;
+    return T == T_Q4_K || T == T_Q6_K ? 4 : MVQ_UNROLL;
 }
 
 // y[r] = W[r] . x + bias[r] with x given as 8-bit blocks (xq, xd, xs), cols % 32 == 0

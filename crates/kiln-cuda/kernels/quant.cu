@@ -431,7 +431,7 @@ extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
             rec[193 + 2 * j] = b[193 + 2 * j];
         }
         for (int sb = threadIdx.x; sb < nsb; sb += blockDim.x)
-            *(u16*)(row + (q6kr_dp(row, sb, nsb) - row)) = s[sb * 105 + 104];
+            *(u16*)q6kr_dp(row, sb, nsb) = s[sb * 105 + 104];
         __syncthreads();
     }
 }

@@ -165,31 +165,24 @@ pub(crate) fn repack(
     if ptr % 16 != 0 {
         return Ok(None);
     }
+    // repack8 / repack_q4k: a thread per run of 8 blocks / super-block
+    // (grid-stride); one of either per 256 values.
+    let units = rows * cols / 256;
+    let per_unit = (units.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
     match layout {
-        Repack::Runs8(qb) => {
-            let runs = rows * cols / 256;
-            gpu.launch(
-                f.runs8,
-                (runs.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-                256,
-                &[Arg::P(ptr), Arg::P(runs as u64), Arg::I(qb as i32)],
-            )?;
-        }
+        Repack::Runs8(qb) => gpu.launch(
+            f.runs8,
+            per_unit,
+            256,
+            &[Arg::P(ptr), Arg::P(units as u64), Arg::I(qb as i32)],
+        )?,
         Repack::Q6K(nsb) => gpu.launch(
             f.q6k,
             (rows.clamp(1, 65535) as u32, 1, 1),
             256,
             &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
         )?,
-        Repack::Q4K => {
-            let nsb = rows * cols / 256;
-            gpu.launch(
-                f.q4k,
-                (nsb.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-                256,
-                &[Arg::P(ptr), Arg::P(nsb as u64)],
-            )?;
-        }
+        Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
     }
     Ok(Some(REPACKED + ty.id() as usize))
 }
@@ -1909,11 +1902,7 @@ impl CudaBackend {
             Arg::I(mat.rows as i32),
             Arg::I(mat.cols as i32),
         ];
-        let xq = [
-            Arg::P(self.s.xq.ptr),
-            Arg::P(self.s.xq_d.ptr),
-            Arg::P(self.s.xq_s.ptr),
-        ];
+        let xq = self.xq_args(true);
         // The kernels' argument lists: weights, then x (f32 or 8-bit), then
         // for several tokens their count, then y (with its row stride) and bias.
         let one = |x: &[Arg]| ArgList::of(&[&w, x, &[Arg::P(y), Arg::P(bias)]]);
@@ -2322,7 +2311,13 @@ impl CudaBackend {
     /// The 8-bit activation buffers for a producer kernel to fill when the
     /// consumer `p` reads them (else null pointers).
     fn q8_args(&self, p: &Proj, n: usize) -> [Arg; 3] {
-        if self.proj_q8(p, n) {
+        self.xq_args(self.proj_q8(p, n))
+    }
+
+    /// The 8-bit activation buffers (`s.xq`: values, scales, sums), or null
+    /// pointers when `on` is false.
+    fn xq_args(&self, on: bool) -> [Arg; 3] {
+        if on {
             [
                 Arg::P(self.s.xq.ptr),
                 Arg::P(self.s.xq_d.ptr),
@@ -2738,15 +2733,7 @@ impl CudaBackend {
         }
         let out = self.output.as_ref().unwrap_or(&self.embd);
         // The output GEMV's 8-bit input, written by gather_norm.
-        let q = if self.mv_path(k) && self.uses_q8(out) {
-            [
-                Arg::P(self.s.xq.ptr),
-                Arg::P(self.s.xq_d.ptr),
-                Arg::P(self.s.xq_s.ptr),
-            ]
-        } else {
-            [Arg::P(0), Arg::P(0), Arg::P(0)]
-        };
+        let q = self.xq_args(self.mv_path(k) && self.uses_q8(out));
         self.gpu.launch(
             self.k.gather_norm,
             (k as u32, 1, 1),
