@@ -272,6 +272,12 @@ struct Rq<T_Q4_KR> {
     static constexpr int QW = 2, UW = 4;
 };
 
+// Repacked Q5_K: as Q4_KR, and word 2's x the unit's fifth bits.
+template <>
+struct Rq<T_Q5_KR> {
+    static constexpr int QW = 3, UW = 6;
+};
+
 template <int T>
 __device__ __forceinline__ void rload(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
     const u8* p = r8_q<Rq<T>::QB>(row, u);
@@ -302,6 +308,22 @@ __device__ __forceinline__ void rload<T_Q4_KR>(const u8* __restrict__ row, int u
     const u8* b = row + (u >> 3) * 144;
     q[0] = ld_stream16(b + 16 + 16 * (u & 7));
     q[1] = ld_stream16(b);
+    *d = (u16)(u & 7);
+}
+
+// 4 bytes from global memory, not kept in L1.
+__device__ __forceinline__ u32 ld_stream4(const void* p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+template <>
+__device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u >> 3) * 176;
+    q[0] = ld_stream16(b + 16 + 16 * (u & 7));
+    q[1] = ld_stream16(b);
+    q[2] = make_uint4(ld_stream4(b + 144 + 4 * (u & 7)), 0u, 0u, 0u);
     *d = (u16)(u & 7);
 }
 
@@ -354,19 +376,18 @@ __device__ __forceinline__ float rdot<T_Q6_KR>(const uint4* q, u16 d, const int*
     return h2f(d) * dx * (float)(sc0 * s0 + sc1 * s1);
 }
 
-// A Q4_K unit's sum from its integer dot product s (plain and repacked:
-// one expression, so the same bits).
-__device__ __forceinline__ float q4k_sum(float d, float dmin, int sc, int m, int s, float dx, float sx) {
+// A Q4_K / Q5_K unit's sum from its integer dot product s (plain and
+// repacked: one expression, so the same bits).
+__device__ __forceinline__ float k4_sum(float d, float dmin, int sc, int m, int s, float dx, float sx) {
     return d * (float)sc * dx * (float)s - dmin * (float)m * sx;
 }
 
-// Header words: h.x = d | dmin << 16, h.y / h.z / h.w = scale bytes 0-3 /
-// 4-7 / 8-11; k4_scale_i's selection for unit j by shifts.
-template <>
-__device__ __forceinline__ float rdot<T_Q4_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    int s = nib_dot(q[0], xv);
-    int j = d, sh = 8 * (j & 3);
-    u32 lo = q[1].y >> sh, mid = q[1].z >> sh, hi = q[1].w >> sh;
+// k4_sum for unit j of a repacked Q4_K / Q5_K super-block from its header
+// words (h.x = d | dmin << 16, h.y / h.z / h.w = scale bytes 0-3 / 4-7 /
+// 8-11; k4_scale_i's selection by shifts).
+__device__ __forceinline__ float k4_hsum(const uint4& h, int j, int s, float dx, float sx) {
+    int sh = 8 * (j & 3);
+    u32 lo = h.y >> sh, mid = h.z >> sh, hi = h.w >> sh;
     int sc, m;
     if (j < 4) {
         sc = (int)(lo & 63);
@@ -375,7 +396,27 @@ __device__ __forceinline__ float rdot<T_Q4_KR>(const uint4* q, u16 d, const int*
         sc = (int)((hi & 15) | (((lo >> 6) & 3) << 4));
         m = (int)(((hi >> 4) & 15) | (((mid >> 6) & 3) << 4));
     }
-    return q4k_sum(h2f((u16)(q[1].x & 0xffff)), h2f((u16)(q[1].x >> 16)), sc, m, s, dx, sx);
+    return k4_sum(h2f((u16)(h.x & 0xffff)), h2f((u16)(h.x >> 16)), sc, m, s, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q4_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    return k4_hsum(q[1], d, nib_dot(q[0], xv), dx, sx);
+}
+
+// The fifth bits of word k's 4 values: spread4 of bits 4k..4k+3 (low
+// nibbles, values 0-15) and 16+4k.. (high nibbles, values 16-31).
+template <>
+__device__ __forceinline__ float rdot<T_Q5_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+    u32 h = q[2].x;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)((a[i] & 0x0f0f0f0fu) | spread4(h >> (4 * i))), xv[i], s);
+        s = __dp4a((int)(((a[i] >> 4) & 0x0f0f0f0fu) | spread4(h >> (16 + 4 * i))), xv[4 + i], s);
+    }
+    return k4_hsum(q[1], d, s, dx, sx);
 }
 
 // qdot of a repacked type: its registers loaded, then rdot.
@@ -407,6 +448,11 @@ __device__ __forceinline__ float qdot<T_Q4_KR>(const u8* __restrict__ row, int u
     return rqdot<T_Q4_KR>(row, u, cols, xv, dx, sx);
 }
 
+template <>
+__device__ __forceinline__ float qdot<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q5_KR>(row, u, cols, xv, dx, sx);
+}
+
 // get_scale_min_k4 as integers.
 __device__ __forceinline__ void k4_scale_i(const u8* s, int j, int* sc, int* m) {
     if (j < 4) {
@@ -432,7 +478,7 @@ __device__ __forceinline__ float qdot<T_Q4_K>(const u8* __restrict__ row, int u,
     int s = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) s = __dp4a((int)((a[k] >> shift) & 0x0f0f0f0fu), xv[k], s);
-    return q4k_sum(ld_h(b), ld_h(b + 2), sc, m, s, dx, sx);
+    return k4_sum(ld_h(b), ld_h(b + 2), sc, m, s, dx, sx);
 }
 
 // { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }
@@ -455,7 +501,7 @@ __device__ __forceinline__ float qdot<T_Q5_K>(const u8* __restrict__ row, int u,
         u32 q = ((a[k] >> shift) & 0x0f0f0f0fu) | (((c[k] >> j) & 0x01010101u) << 4);
         s = __dp4a((int)q, xv[k], s);
     }
-    return ld_h(b) * (float)sc * dx * (float)s - ld_h(b + 2) * (float)m * sx;
+    return k4_sum(ld_h(b), ld_h(b + 2), sc, m, s, dx, sx);
 }
 
 // { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: w = d * sc * (q - 32), a scale per 16 values
@@ -589,6 +635,7 @@ MVQ(q6_k, T_Q6_K)
 MVQR(q4_0r, T_Q4_0R)
 MVQR(q6_kr, T_Q6_KR)
 MVQR(q4_kr, T_Q4_KR)
+MVQR(q5_kr, T_Q5_KR)
 // Q6_KR with two units per lane in flight, for rows of at most 2,048
 // columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
 // units, and mvq_q6_kr's registers for four (128 a thread) only cost
@@ -881,6 +928,7 @@ MVQ_NT(q8_0r, T_Q8_0R)
 MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)
+MVQ_NT(q5_kr, T_Q5_KR)
 MVQ_NT(q4_k, T_Q4_K)
 MVQ_NT(q5_k, T_Q5_K)
 MVQ_NT(q6_k, T_Q6_K)

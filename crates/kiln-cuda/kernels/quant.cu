@@ -230,10 +230,11 @@ __device__ __forceinline__ void k4_scale(const u8* s, int j, float d, float dmin
     *ml = dmin * (float)m;
 }
 
-// Unit u's super-block of a Q4_K row (plain or repacked: the header is the
-// same) and the unit's scale and min.
-__device__ __forceinline__ const u8* q4k_block(const u8* row, int u, float* dl, float* ml) {
-    const u8* b = row + (u >> 3) * 144;
+// Unit u's super-block of a Q4_K (SB = 144) or Q5_K (176) row, plain or
+// repacked (the header is the same), and the unit's scale and min.
+template <int SB>
+__device__ __forceinline__ const u8* k4_block(const u8* row, int u, float* dl, float* ml) {
+    const u8* b = row + (u >> 3) * SB;
     k4_scale(b + 4, u & 7, ld_h(b), ld_h(b + 2), dl, ml);
     return b;
 }
@@ -243,7 +244,7 @@ template <>
 __device__ __forceinline__ void unit<T_Q4_K>(const u8* __restrict__ row, int u, int cols, float* w) {
     int j = u & 7;
     float dl, ml;
-    const u8* b = q4k_block(row, u, &dl, &ml);
+    const u8* b = k4_block<144>(row, u, &dl, &ml);
     const uint4* qs = (const uint4*)(b + 16 + (j >> 1) * 32);
     int shift = 4 * (j & 1);
 #pragma unroll
@@ -261,10 +262,9 @@ __device__ __forceinline__ void unit<T_Q4_K>(const u8* __restrict__ row, int u, 
 // { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }
 template <>
 __device__ __forceinline__ void unit<T_Q5_K>(const u8* __restrict__ row, int u, int cols, float* w) {
-    const u8* b = row + (u >> 3) * 176;
     int j = u & 7;
     float dl, ml;
-    k4_scale(b + 4, j, ld_h(b), ld_h(b + 2), &dl, &ml);
+    const u8* b = k4_block<176>(row, u, &dl, &ml);
     const uint4* qs = (const uint4*)(b + 48 + (j >> 1) * 32);
     const uint4* qh = (const uint4*)(b + 16);
     int shift = 4 * (j & 1);
@@ -451,7 +451,7 @@ extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
 template <>
 __device__ __forceinline__ void unit<T_Q4_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
     float dl, ml;
-    const u8* b = q4k_block(row, u, &dl, &ml);
+    const u8* b = k4_block<144>(row, u, &dl, &ml);
     uint4 v = *(const uint4*)(b + 16 + 16 * (u & 7));
     u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -483,6 +483,62 @@ extern "C" __global__ void repack_q4k(u8* W, u64 nsb) { PDL_ENTRY();
             for (int i = 0; i < 16; i++) o.b[i] = (u8)(((src[i] >> sh) & 15) | (((src[i + 16] >> sh) & 15) << 4));
             qs[j] = o.v;
         }
+    }
+}
+
+// ---- Repacked Q5_K (rows of whole super-blocks, rearranged in place at
+// load by `repack_q5k`). A super-block keeps its 176 bytes and its 16-byte
+// header; then its 8 units' low nibbles as 8 x 16 bytes (byte i: values i
+// and i + 16, as repacked Q4_K), then their fifth bits as 8 words (bit v:
+// value v). In the file a unit's fifth bits are bit j of all 32 qh bytes
+// and its nibbles half of 32 bytes shared with the next unit: 64 quant
+// bytes loaded for 20 used. Now one 16-byte and one 4-byte load, plus the
+// header. Same bytes per row, same values. Kernel type id: T_REPACKED + T_Q5_K.
+#define T_Q5_KR (T_REPACKED + T_Q5_K)
+
+template <>
+__device__ __forceinline__ void unit<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
+    float dl, ml;
+    const u8* b = k4_block<176>(row, u, &dl, &ml);
+    uint4 v = *(const uint4*)(b + 16 + 16 * (u & 7));
+    u32 h = *(const u32*)(b + 144 + 4 * (u & 7));
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        // As unit<T_Q5_K>: the same expression per value.
+        w[i] = dl * (float)((q & 15) | (((h >> i) & 1) << 4)) - ml;
+        w[i + 16] = dl * (float)((q >> 4) | (((h >> (i + 16)) & 1) << 4)) - ml;
+    }
+}
+
+// In place, one thread per super-block (grid-stride over `nsb` of them,
+// 16-byte aligned): Q5_K into the layout above.
+extern "C" __global__ void repack_q5k(u8* W, u64 nsb) { PDL_ENTRY();
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < nsb; t += (u64)gridDim.x * blockDim.x) {
+        uint4* p = (uint4*)(W + t * 176 + 16);
+        union {
+            uint4 v[10];
+            u8 b[160];  // qh[32], qs[128]
+        } in;
+        for (int i = 0; i < 10; i++) in.v[i] = p[i];
+        for (int j = 0; j < 8; j++) {
+            union {
+                uint4 v;
+                u8 b[16];
+            } o;
+            const u8* src = in.b + 32 + (j >> 1) * 32;
+            int sh = 4 * (j & 1);
+            for (int i = 0; i < 16; i++) o.b[i] = (u8)(((src[i] >> sh) & 15) | (((src[i + 16] >> sh) & 15) << 4));
+            p[j] = o.v;
+        }
+        u32 hw[8];
+        for (int j = 0; j < 8; j++) {
+            hw[j] = 0;
+            for (int v = 0; v < 32; v++) hw[j] |= (u32)((in.b[v] >> j) & 1) << v;
+        }
+        p[8] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        p[9] = make_uint4(hw[4], hw[5], hw[6], hw[7]);
     }
 }
 

@@ -96,6 +96,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q8_0 => Some("q8_0r"),
         GgmlType::Q6K => Some("q6_kr"),
         GgmlType::Q4K => Some("q4_kr"),
+        GgmlType::Q5K => Some("q5_kr"),
         _ => None,
     }
 }
@@ -107,8 +108,9 @@ pub(crate) enum Repack {
     Runs8(usize),
     /// `repack_q6k`: rows of this many super-blocks.
     Q6K(usize),
-    /// `repack_q4k`: each super-block in its place.
+    /// `repack_q4k` / `repack_q5k`: each super-block in its place.
     Q4K,
+    Q5K,
 }
 
 /// Super-blocks a Q6_K row may have to be repacked: at least as many as
@@ -125,6 +127,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
         GgmlType::Q4K if whole => Some(Repack::Q4K),
+        GgmlType::Q5K if whole => Some(Repack::Q5K),
         _ => None,
     }
 }
@@ -135,6 +138,7 @@ pub(crate) struct Repackers {
     runs8: cudarc::driver::sys::CUfunction,
     q6k: cudarc::driver::sys::CUfunction,
     q4k: cudarc::driver::sys::CUfunction,
+    q5k: cudarc::driver::sys::CUfunction,
 }
 
 impl Repackers {
@@ -143,6 +147,7 @@ impl Repackers {
             runs8: gpu.func("repack8")?,
             q6k: gpu.func("repack_q6k")?,
             q4k: gpu.func("repack_q4k")?,
+            q5k: gpu.func("repack_q5k")?,
         })
     }
 }
@@ -165,8 +170,8 @@ pub(crate) fn repack(
     if ptr % 16 != 0 {
         return Ok(None);
     }
-    // repack8 / repack_q4k: a thread per run of 8 blocks / super-block
-    // (grid-stride); one of either per 256 values.
+    // repack8 / repack_q4k / repack_q5k: a thread per run of 8 blocks /
+    // super-block (grid-stride); one of either per 256 values.
     let units = rows * cols / 256;
     let per_unit = (units.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
     match layout {
@@ -183,6 +188,7 @@ pub(crate) fn repack(
             &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
         )?,
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
+        Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
     }
     Ok(Some(REPACKED + ty.id() as usize))
 }
@@ -3064,7 +3070,8 @@ mod tests {
         assert_eq!(repack_layout(Q4_0, 4096 + 32), None);
         assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
-        assert_eq!(repack_layout(Q5K, 4096), None);
+        assert_eq!(repack_layout(Q5K, 4096), Some(Repack::Q5K));
+        assert_eq!(repack_layout(Q3K, 4096), None);
     }
 
     #[test]
