@@ -9,6 +9,7 @@
 #   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
 #   bash bench/cuda/next_check.sh micro    # Q5_K GEMV: plain vs repacked, 8B and 1B layer chains
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B Q5_K_M / Q5_K, main vs branch alternated twice
+#   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -48,5 +49,12 @@ ab)
     done; done; done
     rm -rf $D
   done ;;
+boundary)
+  # A step launches ~8 kernels a layer (+5): 133 for the 1B (ncu, sixth session). Price of one
+  # boundary ~ (1/tok_s(BOUNDARY=1) - 1/tok_s(0)) / 133.
+  /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0 > /dev/null 2>&1
+  for r in 1 2; do for v in 0 1; do for m in model-q4_0.gguf hf; do
+    echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done ;;
 esac
 date -u +%T
