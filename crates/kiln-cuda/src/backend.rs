@@ -85,8 +85,9 @@ pub(crate) const REPACKED: usize = 48;
 /// Quantized types whose matrices are repacked at load, and their kernels'
 /// name suffix. Q4_0 / Q8_0 (`repack8` in quant.cu): each run of 8 blocks
 /// as 8 quant arrays, then 8 scales, so the GEMVs read a block's quants with
-/// one 16-byte load. Q4_K (`repack_q4k`): each super-block's quant bytes as
-/// one 16-byte run per 32-value unit behind its unchanged header. Q6_K
+/// one 16-byte load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
+/// super-block's nibbles as one 16-byte run per 32-value unit behind its
+/// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
 /// (`repack_q6k`): the super-blocks' f16 scales moved aside so that the rest
 /// of each starts 16-byte aligned, a unit's 6-bit quants as one 16-byte and
 /// one 8-byte word.
