@@ -8,8 +8,9 @@
 # then one `run` per mode, carry [".device"]:
 #   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
 #   bash bench/cuda/next_check.sh micro    # Q5_K GEMV: plain vs repacked, 8B and 1B layer chains
-#   bash bench/cuda/next_check.sh ab       # 1B and 8B Q5_K_M / Q5_K, main vs branch alternated twice
+#   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
+#   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -17,7 +18,7 @@ for b in cuda_check:cc cuda_check_a:cc_a kiln:kiln kiln_a:kiln_a; do
   [ -f .device/${b%%:*}.xz ] && xz -dc .device/${b%%:*}.xz > /tmp/${b##*:} && chmod +x /tmp/${b##*:}
 done
 export KILN_CUDA_CACHE=/tmp/kc; mkdir -p /tmp/kc; cp .device/cache/* /tmp/kc/
-TYPES=q4_0,q4_k_m,q5_k_m,q5_k
+TYPES=q4_0,q4_k_m,q5_k_m,q8_0
 date -u +%T
 case $MODE in
 verify)
@@ -42,10 +43,12 @@ micro)
   M=""; for s in 8b 1b; do for k in mvq_q5_k mvq_q5_kr rd_rows; do M="$M $s/q5_k/$k/8/256"; done; done
   timeout 120 /tmp/cc --gemv-micro $M 2>&1 | tail -8 ;;
 ab)
+  AB=${AB_TYPES:-q4_0 hf}; G=$(echo $AB | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
   for S in Llama-3.2-1B Llama-3.1-8B; do
-    D=/tmp/ab-$S; /tmp/kiln synth $S $D --types q5_k_m,q5_k > /dev/null 2>&1; date -u +%T
-    for r in 1 2; do for b in kiln_a kiln; do for t in q5_k_m q5_k; do
-      echo "$S $b $t $(/tmp/$b bench $D/model-$t.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+    D=/tmp/ab-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for b in kiln_a kiln; do for t in $AB; do
+      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      echo "$S $b $t $(/tmp/$b bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
     done; done; done
     rm -rf $D
   done ;;
@@ -56,5 +59,18 @@ boundary)
   for r in 1 2; do for v in 0 1; do for m in model-q4_0.gguf hf; do
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
+skip)
+  # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
+  # that removes that family's kernels while the GEMVs stay as they are.
+  AN=add_norm,add_norm_cl; AM=act_mul; QZ=quantize_q8
+  AT=attention_d2,attention_d4,attention_d8,attention_cd2,attention_cd4
+  AT=$AT,attention_f2,attention_f4,attention_f8,attention_cf2,attention_cf4
+  for S in Llama-3.2-1B Llama-3.1-8B; do
+    D=/tmp/sk-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
+    for m in model-q4_0.gguf hf; do for sk in none $AN $AM $QZ $AT $AN,$AM,$QZ,$AT none; do
+      echo "$S $m skip=${sk:0:20} $(KILN_CUDA_SKIP=$sk /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done; done
+    rm -rf $D
+  done ;;
 esac
 date -u +%T

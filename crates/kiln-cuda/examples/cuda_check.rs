@@ -777,21 +777,21 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
     rows.push(row.unwrap_or_else(|e| Row::failed(name, "batch", "HF f64", &e)));
 }
 
-/// The decode attention doing qkv_post's work (`CudaOptions::fuse_qkv`)
-/// against the separate kernels, which the fixtures cover (their heads of
-/// 16 and 32 dims never take the fused kernels): bit-identical logits over
-/// 12 one-sequence and 12 two-sequence decode steps of a 2-layer synthetic
-/// model of the Llama-3.2-1B shape (head dim 64, GGUF RoPE pairs; the
-/// NeoX halves and Qwen3's head norms were compared on the device with
-/// `--logits`, docs/BENCHMARKS.md).
-fn fused_check(rows: &mut Vec<Row>) {
+/// A fusion (`set` turns it on or off in the options) against the separate
+/// kernels: bit-identical logits over 12 one-sequence and 12 two-sequence
+/// decode steps of a 2-layer synthetic model of the Llama-3.2-1B shape in
+/// `ty`. `CudaOptions::fuse_qkv`, the decode attention doing qkv_post's work:
+/// the fixtures' heads of 16 and 32 dims never take it (head dim 64 here,
+/// GGUF RoPE pairs; the NeoX halves and Qwen3's head norms were compared
+/// on the device with `--logits`, docs/BENCHMARKS.md).
+/// `CudaOptions::fuse_norm`, the norms and residual adds inside the GEMVs:
+/// the fixtures take it too, at their widths; here at 2,048 values a row.
+fn fused_check(rows: &mut Vec<Row>, what: &str, ty: GgmlType, set: fn(&mut CudaOptions, bool)) {
     let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
         let mut o = opts();
         o.max_seqs = 2;
-        let co = CudaOptions {
-            fuse_qkv: fuse,
-            ..CudaOptions::default()
-        };
+        let mut co = CudaOptions::default();
+        set(&mut co, fuse);
         let mut e = cuda_engine_opts(model, o, co)?;
         let err = |e: kiln_core::EngineError| e.to_string();
         let mut out = e
@@ -813,7 +813,7 @@ fn fused_check(rows: &mut Vec<Row>) {
         Ok(out)
     };
     let row = (|| -> Result<Row, String> {
-        let model = Arc::new(synth_llama(GgmlType::Q8_0, 2)?);
+        let model = Arc::new(synth_llama(ty, 2)?);
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let same = plain
@@ -822,8 +822,8 @@ fn fused_check(rows: &mut Vec<Row>) {
             .all(|(x, y)| x.to_bits() == y.to_bits());
         Ok(Row {
             model: "synthetic 1B shape, 2 layers".into(),
-            file: "q8_0, decode attention with qkv_post fused".into(),
-            against: "separate qkv_post".into(),
+            file: format!("{}, {what} fused", ty.name()),
+            against: format!("separate {what}"),
             max_abs: diff,
             rel: diff / max_mag(&plain),
             greedy: if same { "bit-identical" } else { "differs" }.into(),
@@ -833,8 +833,8 @@ fn fused_check(rows: &mut Vec<Row>) {
     rows.push(row.unwrap_or_else(|e| {
         Row::failed(
             "synthetic 1B shape",
-            "fused qkv_post",
-            "separate qkv_post",
+            &format!("fused {what}"),
+            &format!("separate {what}"),
             &e,
         )
     }));
@@ -864,7 +864,12 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     for name in ["qwen3", "gemma3"] {
         check_batch(&tiny.join(name), name, &mut rows);
     }
-    fused_check(&mut rows);
+    fused_check(&mut rows, "qkv_post", GgmlType::Q8_0, |o, on| {
+        o.fuse_qkv = on
+    });
+    for ty in [GgmlType::Q4_0, GgmlType::F16] {
+        fused_check(&mut rows, "add_norm", ty, |o, on| o.fuse_norm = on);
+    }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {

@@ -95,6 +95,11 @@ __device__ __forceinline__ void quant_q8_warp(float v, int lane, u64 b, i8* q, f
     }
 }
 
+// add_norm's block (threads) and values per thread held in registers (ops.cu);
+// the GEMVs that take its RMSNorm over (gemv.cu, rms_finv) sum as it does.
+#define AN_THREADS 512
+#define AN_V 8
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
 // Every thread gets the result.
 __device__ double block_sum_d(double v) {

@@ -68,16 +68,55 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 // software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
 #define MVF_UNROLL 4
 
+// 1 / rms of x[0..n) (n <= AN_THREADS * AN_V) exactly as add_norm takes it
+// for the same row: its AN_THREADS threads' sums of squares (thread j: values
+// j + AN_THREADS * k in k order, f64), each warp's by warp_sum_d, the warps'
+// in order; here blockDim.x (dividing AN_THREADS) threads play them. Every
+// thread of the block calls it and gets it; x also lands in L1.
+__device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, float eps) {
+    __shared__ double part[AN_THREADS / 32];
+    for (int j = threadIdx.x; j < AN_THREADS; j += blockDim.x) {
+        double s = 0.0;
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = j + k * AN_THREADS;
+            double v = i < n ? (double)__ldg(x + i) : 0.0;
+            s += v * v;
+        }
+        s = warp_sum_d(s);
+        if ((j & 31) == 0) part[j >> 5] = s;
+    }
+    __syncthreads();
+    double t = 0.0;
+    for (int i = 0; i < AN_THREADS / 32; i++) t += part[i];
+    return (float)(1.0 / sqrt(t / (double)n + (double)eps));
+}
+
+// add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
+// products, so the consumer sees the bits add_norm would have written).
+__device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
+
+// The decode layer's norms and residual adds inside its GEMVs instead of
+// add_norm launches between them (CudaBackend::fused_norm):
+// * NORM (the QKV and gate|up products): x is the residual stream, nw the
+//   RMSNorm's weights; every block takes x's rms itself and normalizes as
+//   it reads.
+// * RES (the O and down products): y is the residual stream and the row's
+//   result is added to it, y[r] = y[r] + (W[r] . x + bias[r]), as add_norm
+//   adds it.
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
-template <int T>
+template <int T, bool NORM = false, bool RES = false>
 __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                          const float* __restrict__ x, float* __restrict__ y,
-                                         const float* __restrict__ bias) {
+                                         const float* __restrict__ bias, const float* __restrict__ nw = nullptr,
+                                         float eps = 0.0f) {
     constexpr int E = T == T_F32 ? 4 : 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= rows) return;
+    // With NORM every warp stays for the block's rms.
+    if (!NORM && r >= rows) return;
+    bool live = NORM ? r < rows : true;
     const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
     int chunks = cols / E;
     // The first step's weight loads are issued before waiting for x (they
@@ -86,9 +125,14 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
     for (int k = 0; k < MVF_UNROLL; k++) {
         int c = lane + 32 * k;
-        if (c < chunks) wv[k] = ld_stream16(wr + c);
+        if (live && c < chunks) wv[k] = ld_stream16(wr + c);
     }
     PDL_ENTRY();
+    float finv = 0.0f;
+    if (NORM) {
+        finv = rms_finv(x, cols, eps);
+        if (!live) return;
+    }
     float acc = 0.0f;
     for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
         if (c0 != lane) {
@@ -108,19 +152,37 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
                 for (int i = 0; i < E / 4; i++) {
                     float4 v = __ldg(xp + i);
+                    if (NORM) {
+                        float4 g = __ldg((const float4*)(nw + (u64)c * E) + i);
+                        v = make_float4(rms_val(v.x, finv, g.x), rms_val(v.y, finv, g.y), rms_val(v.z, finv, g.z),
+                                        rms_val(v.w, finv, g.w));
+                    }
                     acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
                 }
             }
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+    if (lane == 0) {
+        float o = acc + (bias ? bias[r] : 0.0f);
+        y[r] = RES ? y[r] + o : o;
+    }
 }
 
+// mvf_* and its fused-norm (mvfn_*) and residual (mvfr_*) versions.
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
         mvf_impl<T>(W, row_bytes, rows, cols, x, y, bias);                                          \
+    }                                                                                              \
+    extern "C" __global__ void mvfn_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
+                                            const float* x, float* y, const float* bias,            \
+                                            const float* nw, float eps) {                           \
+        mvf_impl<T, true, false>(W, row_bytes, rows, cols, x, y, bias, nw, eps);                    \
+    }                                                                                              \
+    extern "C" __global__ void mvfr_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
+                                            const float* x, float* y, const float* bias) {          \
+        mvf_impl<T, false, true>(W, row_bytes, rows, cols, x, y, bias);                             \
     }
 
 MVF(f32, T_F32)
@@ -673,6 +735,20 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
+// mvf_impl's NORM staging for the streaming kernel: x (the residual
+// stream, f32) normalized as add_norm does and quantized as quantize_q8
+// does, a warp per 32-value block, into the block's shared memory.
+__device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
+                                              const float* __restrict__ nw, float eps, int cols) {
+    float finv = rms_finv(x, cols, eps);
+    int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < cols / 32; b += blockDim.x >> 5) {
+        int i = b * 32 + lane;
+        quant_q8_warp(rms_val(__ldg(x + i), finv, __ldg(nw + i)), lane, (u64)b, (i8*)sq, sd, ss);
+    }
+    __syncthreads();
+}
+
 // acc plus unit u against the staged x.
 template <int T>
 __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, const int4* sq, const float* sd,
@@ -682,11 +758,13 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
     return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
 }
 
-template <int T, int U>
+// NORM / RES as mvf_impl's (NORM: xf and nw instead of xq, xd, xs).
+template <int T, int U, bool NORM = false, bool RES = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
-                                          const float* __restrict__ bias) {
+                                          const float* __restrict__ bias, const float* __restrict__ xf = nullptr,
+                                          const float* __restrict__ normw = nullptr, float eps = 0.0f) {
     __shared__ int4 sq[MVQS_COLS / 16];
     __shared__ float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -702,7 +780,10 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
     }
     PDL_ENTRY();
-    stage_xq(sq, sd, ss, xq, xd, xs, cols);
+    if (NORM)
+        stage_norm_xq(sq, sd, ss, xf, normw, eps, cols);
+    else
+        stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;
     int u0 = lane;
     while (r < rows) {
@@ -725,7 +806,10 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         if (end) {
             float v = warp_sum(acc);
-            if (lane == 0) y[r] = v + (bias ? bias[r] : 0.0f);
+            if (lane == 0) {
+                float o = v + (bias ? bias[r] : 0.0f);
+                y[r] = RES ? y[r] + o : o;
+            }
             acc = 0.0f;
         }
         r = rn;
@@ -737,6 +821,17 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                  const i8* xq, const float* xd, const float* xs, float* y, \
                                                  const float* bias) {                                  \
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
+    }                                                                                                 \
+    extern "C" __global__ void mvqsn##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const float* x, float* y, const float* bias,         \
+                                                  const float* nw, float eps) {                        \
+        mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
+                                     nw, eps);                                                         \
+    }                                                                                                 \
+    extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const i8* xq, const float* xd, const float* xs,      \
+                                                  float* y, const float* bias) {                       \
+        mvqs_impl<T, U, false, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                   \
     }
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)

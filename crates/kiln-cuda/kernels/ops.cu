@@ -118,8 +118,6 @@ __device__ __forceinline__ void reg_stats(const float* v, int len, int n, int ki
 // AN_V per thread) and the norms' sums taken over the cluster (grid:
 // (cluster size, n); block: min(slice, 256)); one block for a whole
 // 4096-value row was ~10 us a call, 65 calls a token at the 8B shape.
-#define AN_THREADS 512
-#define AN_V 8
 // v[k] = p[threadIdx.x + k * blockDim.x] for the first `len` (0 past them).
 __device__ __forceinline__ void load_regs(const float* p, int len, float* v) {
 #pragma unroll

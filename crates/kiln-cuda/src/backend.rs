@@ -394,6 +394,12 @@ pub struct CudaOptions {
     /// (one launch fewer a layer; logits bit-identical).
     /// `$KILN_CUDA_FUSE_QKV=0` turns it off.
     pub fuse_qkv: bool,
+    /// Steps of one token take each layer's RMSNorms inside the QKV and
+    /// gate|up GEMVs and add the O and down products to the residual
+    /// stream in those GEMVs, instead of two `add_norm` launches a layer
+    /// (bf16/f16/f32 and streaming Q4_0 weights; logits bit-identical).
+    /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
+    pub fuse_norm: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -429,6 +435,7 @@ impl Default for CudaOptions {
             exact: std::env::var("KILN_CUDA_EXACT").is_ok_and(|v| v == "1"),
             invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
             fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
+            fuse_norm: std::env::var("KILN_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -513,6 +520,22 @@ struct Operands {
     y: u64,
     ystride: usize,
     x_half: bool,
+    fuse: Fuse,
+}
+
+/// What a one-token GEMV also does for the decode layer around it
+/// ([`CudaOptions::fuse_norm`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fuse {
+    None,
+    /// x is the residual stream: normalize it (RMSNorm with weights `w`,
+    /// as `add_norm` would) before the product.
+    Norm {
+        w: u64,
+        eps: f32,
+    },
+    /// y is the residual stream: add the product to it.
+    Residual,
 }
 
 /// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
@@ -584,6 +607,13 @@ struct Kernels {
     /// Per kernel-table index: `mvq` with two units per lane in flight
     /// ([`mvq_narrow`]).
     mvq2: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// `mvf` / `mvqs` taking the norm before ([`Fuse::Norm`]: `mvfn_*`,
+    /// `mvqsn*`) or the residual add after ([`Fuse::Residual`]: `mvfr_*`,
+    /// `mvqsr*`), indexed as `mvf` / `mvqs`.
+    mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -638,12 +668,18 @@ impl Kernels {
         let mut mvq = vec![None; 64];
         let mut mvqs = vec![None; 64];
         let mut mvq2 = vec![None; 64];
+        let mut mvfn = vec![None; 64];
+        let mut mvfr = vec![None; 64];
+        let mut mvqsn = vec![None; 64];
+        let mut mvqsr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
+                mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
+                mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
@@ -668,10 +704,12 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            mvqs[id] = Some([
-                gpu.func(&format!("mvqs4_{n}"))?,
-                gpu.func(&format!("mvqs8_{n}"))?,
-            ]);
+            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
+                table[id] = Some([
+                    gpu.func(&format!("mvqs{v}4_{n}"))?,
+                    gpu.func(&format!("mvqs{v}8_{n}"))?,
+                ]);
+            }
         }
         for (id, n) in mvq2_types() {
             mvq2[id] = Some(gpu.func(&format!("mvq2_{n}"))?);
@@ -683,6 +721,10 @@ impl Kernels {
             mvq,
             mvqs,
             mvq2,
+            mvfn,
+            mvfr,
+            mvqsn,
+            mvqsr,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
             gather_kv_half: gpu.func("gather_kv_half")?,
@@ -848,6 +890,9 @@ pub struct CudaBackend {
     flash: Option<cudarc::driver::sys::CUfunction>,
     /// See [`CudaOptions::fuse_qkv`].
     fuse_qkv: bool,
+    /// See [`CudaOptions::fuse_norm`]; false where the model does not
+    /// allow it ([`CudaBackend::norm_fusable`]).
+    fuse_norm: bool,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1661,7 +1706,7 @@ impl CudaBackend {
             deq_elems,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
-        Ok(CudaBackend {
+        let mut be = CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
             pinned: crate::pinned::PinnedIds::new(b)?,
@@ -1706,6 +1751,7 @@ impl CudaBackend {
             att_gemm_keys,
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
+            fuse_norm: false,
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -1719,7 +1765,9 @@ impl CudaBackend {
             blas_note,
             blas,
             gpu,
-        })
+        };
+        be.fuse_norm = opts.fuse_norm && be.norm_fusable();
+        Ok(be)
     }
 
     pub fn device(&self) -> &crate::gpu::DeviceInfo {
@@ -1878,19 +1926,120 @@ impl CudaBackend {
         )
     }
 
-    /// The streaming one-token GEMV for `mat` when it takes `n` tokens.
-    fn streaming(&self, mat: &DMat, n: usize) -> Option<cudarc::driver::sys::CUfunction> {
+    /// The streaming one-token GEMV for `mat` when it takes `n` tokens,
+    /// from `table` (`mvqs` or one of its fused versions).
+    fn streaming(
+        &self,
+        table: &[Option<[cudarc::driver::sys::CUfunction; 2]>],
+        mat: &DMat,
+        n: usize,
+    ) -> Option<cudarc::driver::sys::CUfunction> {
         let id = mat.kernel;
-        let fs = self.k.mvqs[id].filter(|_| n == 1 && self.mv_path(1) && self.uses_q8(mat))?;
+        let fs = table[id].filter(|_| n == 1 && self.mv_path(1) && self.uses_q8(mat))?;
         let (u, _) = mvqs_kernel(mat.ty, id >= REPACKED, mat.cols)?;
         // U = 4, 8: kernels 0, 1.
         Some(fs[u.trailing_zeros() as usize - 2])
+    }
+
+    /// Whether the one-token float GEMV (`mvf_*` and its fused versions)
+    /// takes `mat`.
+    fn mvf_takes(&self, mat: &DMat) -> bool {
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
+        aligned16 && !self.uses_q8(mat) && self.k.mvf[mat.kernel].is_some()
+    }
+
+    /// The one-token GEMV doing `fuse` for `mat` (None: there is none),
+    /// and whether it is a streaming one (`mvqs*`: MVQS_THREADS a block).
+    fn fused_kernel(
+        &self,
+        mat: &DMat,
+        fuse: Fuse,
+    ) -> Option<(cudarc::driver::sys::CUfunction, bool)> {
+        let (streaming, float) = match fuse {
+            Fuse::None => (&self.k.mvqs, &self.k.mvf),
+            Fuse::Norm { .. } => (&self.k.mvqsn, &self.k.mvfn),
+            Fuse::Residual => (&self.k.mvqsr, &self.k.mvfr),
+        };
+        if let Some(f) = self.streaming(streaming, mat, 1) {
+            return Some((f, true));
+        }
+        float[mat.kernel]
+            .filter(|_| self.mv_path(1) && self.mvf_takes(mat))
+            .map(|f| (f, false))
+    }
+
+    /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
+    /// RMSNorms without bias of rows that `add_norm` holds in one block
+    /// (so the GEMVs sum squares in its order), no post-norms, and one-token
+    /// GEMVs with the fused versions for every matrix.
+    fn norm_fusable(&self) -> bool {
+        let d = &self.desc;
+        let fused = |p: &Proj, f: Fuse| {
+            p.parts
+                .iter()
+                .all(|(m, _)| self.fused_kernel(m, f).is_some())
+        };
+        let norm = Fuse::Norm { w: 0, eps: 0.0 };
+        d.norm == NormKind::Rms
+            && d.hidden <= 4096
+            && self.layers.iter().all(|l| {
+                l.attn_norm.b.is_none()
+                    && l.ffn_norm.b.is_none()
+                    && l.post_attn_norm.is_none()
+                    && l.post_ffn_norm.is_none()
+                    && fused(&l.qkv, norm)
+                    && fused(&l.gate_up, norm)
+                    && l.o.parts.len() == 1
+                    && l.down.parts.len() == 1
+                    && fused(&l.o, Fuse::Residual)
+                    && fused(&l.down, Fuse::Residual)
+            })
+    }
+
+    /// `mm` for one token with a [`Fuse`] other than None.
+    fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
+        let (f, streaming) = self
+            .fused_kernel(mat, o.fuse)
+            .ok_or_else(|| CudaError(format!("no fused one-token GEMV for {}", mat.ty)))?;
+        let w = [
+            Arg::P(mat.ptr()),
+            Arg::P(mat.row_bytes as u64),
+            Arg::I(mat.rows as i32),
+            Arg::I(mat.cols as i32),
+        ];
+        let x = match o.fuse {
+            // The residual stream in f32, whatever the kernel's usual input.
+            Fuse::Norm { .. } => [Arg::P(o.x), Arg::P(0), Arg::P(0)],
+            _ if streaming => self.xq_args(true),
+            _ => [Arg::P(o.x), Arg::P(0), Arg::P(0)],
+        };
+        let nx = if streaming && !matches!(o.fuse, Fuse::Norm { .. }) {
+            3
+        } else {
+            1
+        };
+        let norm = match o.fuse {
+            Fuse::Norm { w, eps } => vec![Arg::P(w), Arg::F(eps)],
+            _ => vec![],
+        };
+        let args = ArgList::of(&[&w, &x[..nx], &[Arg::P(o.y), Arg::P(o.bias)], &norm]);
+        let (grid, block) = if streaming {
+            (mat.rows.div_ceil(MVQS_THREADS as usize / 32), MVQS_THREADS)
+        } else {
+            // mm's MV_WARPS, a row each.
+            (mat.rows.div_ceil(8), 256)
+        };
+        self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
     }
 
     /// y[t][r] = mat[r] . x[t] + bias[r] ([`Operands`]).
     /// One-token products of quantized weights read `s.xq`, which the caller
     /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
     fn mm(&self, mat: &DMat, o: Operands) -> CuResult<()> {
+        if o.fuse != Fuse::None {
+            return self.mm_fused(mat, o);
+        }
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);
         }
@@ -1932,7 +2081,7 @@ impl CudaBackend {
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
         let q8 = self.mv_path(n) && self.uses_q8(mat);
         if n == 1 && self.mv_path(1) {
-            if let Some(f) = self.streaming(mat, n) {
+            if let Some(f) = self.streaming(&self.k.mvqs, mat, n) {
                 let grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32) as u32;
                 return self
                     .gpu
@@ -1994,6 +2143,7 @@ impl CudaBackend {
             y,
             ystride,
             x_half,
+            ..
         } = o;
         use bs::cudaDataType as Dt;
         use cudarc::cublas::sys as bs;
@@ -2338,7 +2488,8 @@ impl CudaBackend {
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
     /// `staged`: the producer of `x` also wrote what `p` reads instead of it
     /// over `n` tokens: `s.xq` ([`Self::q8_args`]) or `s.xh`
-    /// ([`Self::half_args`]).
+    /// ([`Self::half_args`]). `fuse`: see [`Fuse`] (one token).
+    #[allow(clippy::too_many_arguments)]
     fn proj(
         &self,
         p: &Proj,
@@ -2347,9 +2498,12 @@ impl CudaBackend {
         y: u64,
         ystride: usize,
         staged: bool,
+        fuse: Fuse,
     ) -> CuResult<()> {
         let x_half = staged && !matches!(self.half_args(p, n)[0], Arg::P(0));
-        if !staged && self.proj_q8(p, n) {
+        // A norm-fused GEMV quantizes the normalized x itself.
+        let own_q8 = matches!(fuse, Fuse::Norm { .. });
+        if !staged && !own_q8 && self.proj_q8(p, n) {
             if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols, n)?;
             }
@@ -2366,6 +2520,7 @@ impl CudaBackend {
                     y,
                     ystride,
                     x_half,
+                    fuse,
                 },
             )?;
         }
@@ -2494,12 +2649,31 @@ impl CudaBackend {
             ],
         )?;
 
+        // The layers' norms and residual adds inside their GEMVs (one token):
+        // x stays the residual stream, written by the O and down GEMVs.
+        let fuse = n == 1 && self.fuse_norm && self.mv_path(1);
+        let norm_of = |nm: &DNorm| {
+            if fuse {
+                Fuse::Norm {
+                    w: nm.w.ptr,
+                    eps: d.norm_eps,
+                }
+            } else {
+                Fuse::None
+            }
+        };
+        let (res, res_y, norm_x) = if fuse {
+            (Fuse::Residual, s.x.ptr, s.x.ptr)
+        } else {
+            (Fuse::None, s.tmp.ptr, s.xn.ptr)
+        };
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
-            if li == 0 {
+            if li == 0 && !fuse {
                 self.add_norm(n, 0, None, Some(&l.attn_norm), s.xn.ptr, Some(&l.qkv))?;
             }
-            self.proj(&l.qkv, s.xn.ptr, n, s.qkv.ptr, qkv_dim, true)?;
+            let qkv_norm = norm_of(&l.attn_norm);
+            self.proj(&l.qkv, norm_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm)?;
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
@@ -2682,17 +2856,20 @@ impl CudaBackend {
                     )?;
                 }
             }
-            self.proj(&l.o, s.att.ptr, n, s.tmp.ptr, hid, o_staged)?;
-            self.add_norm(
-                n,
-                s.tmp.ptr,
-                l.post_attn_norm.as_ref(),
-                Some(&l.ffn_norm),
-                s.xn.ptr,
-                Some(&l.gate_up),
-            )?;
+            self.proj(&l.o, s.att.ptr, n, res_y, hid, o_staged, res)?;
+            if !fuse {
+                self.add_norm(
+                    n,
+                    s.tmp.ptr,
+                    l.post_attn_norm.as_ref(),
+                    Some(&l.ffn_norm),
+                    s.xn.ptr,
+                    Some(&l.gate_up),
+                )?;
+            }
             let gu_stride = l.gate_up.rows;
-            self.proj(&l.gate_up, s.xn.ptr, n, s.gu.ptr, gu_stride, true)?;
+            let gu_norm = norm_of(&l.ffn_norm);
+            self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm)?;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
             let q = if inter % 32 == 0 {
                 self.q8_args(&l.down, n)
@@ -2724,7 +2901,10 @@ impl CudaBackend {
                     h[1],
                 ],
             )?;
-            self.proj(&l.down, s.act.ptr, n, s.tmp.ptr, hid, down_staged)?;
+            self.proj(&l.down, s.act.ptr, n, res_y, hid, down_staged, res)?;
+            if fuse {
+                continue;
+            }
             let next = self.layers.get(li + 1);
             self.add_norm(
                 n,
@@ -2768,6 +2948,7 @@ impl CudaBackend {
                 y: s.logits.ptr,
                 ystride: d.vocab_size,
                 x_half: false,
+                fuse: Fuse::None,
             },
         )?;
         if let Some(c) = d.final_softcap {

@@ -198,6 +198,10 @@ pub struct Gpu {
     /// names): what one more launch of a kernel costs in place, for
     /// profiling without hardware counters. Outputs are then wrong.
     twice: Vec<sys::CUfunction>,
+    /// Kernels never launched (`$KILN_CUDA_SKIP`, comma-separated names):
+    /// the most that fusing a kernel away could gain in place, since its
+    /// work and its boundary are both gone. Outputs are then wrong.
+    skip: Vec<sys::CUfunction>,
     /// A no-op kernel launched before every kernel (`$KILN_CUDA_BOUNDARY=1`):
     /// what one more kernel boundary costs in place. Outputs stay right.
     boundary: Option<sys::CUfunction>,
@@ -461,13 +465,17 @@ impl Gpu {
             kernels: how,
             cubin_path,
         };
-        let twice = std::env::var("KILN_CUDA_TWICE")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|n| CString::new(n.trim()).ok())
-            // SAFETY: module is live.
-            .filter_map(|c| unsafe { dr::module::get_function(module, c) }.ok())
-            .collect();
+        let named = |var: &str| -> Vec<sys::CUfunction> {
+            std::env::var(var)
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|n| CString::new(n.trim()).ok())
+                // SAFETY: module is live.
+                .filter_map(|c| unsafe { dr::module::get_function(module, c) }.ok())
+                .collect()
+        };
+        let twice = named("KILN_CUDA_TWICE");
+        let skip = named("KILN_CUDA_SKIP");
         let boundary = if std::env::var("KILN_CUDA_BOUNDARY").is_ok_and(|v| v == "1") {
             CString::new("nop")
                 .ok()
@@ -486,6 +494,7 @@ impl Gpu {
             profile: std::cell::RefCell::new(None),
             pdl: cc.0 >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
             twice,
+            skip,
             boundary,
         })
     }
@@ -609,6 +618,9 @@ impl Gpu {
         for (i, p) in ptrs.iter_mut().enumerate().take(args.len()) {
             // Little-endian: a 4-byte argument is read from the slot's start.
             *p = (&mut slots[i]) as *mut u64 as *mut c_void;
+        }
+        if self.skip.contains(&f) {
+            return Ok(());
         }
         let mut prof = self.profile.borrow_mut();
         let timed = match prof.as_mut() {
