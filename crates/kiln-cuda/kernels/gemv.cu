@@ -116,8 +116,7 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
     // With NORM every warp stays for the block's rms.
     if (!NORM && r >= rows) return;
-    bool live = NORM ? r < rows : true;
-    const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+    const uint4* wr0 = (const uint4*)(W + (u64)r * row_bytes);
     int chunks = cols / E;
     // The first step's weight loads are issued before waiting for x (they
     // overlap the previous kernel under programmatic dependent launch).
@@ -125,47 +124,61 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
     for (int k = 0; k < MVF_UNROLL; k++) {
         int c = lane + 32 * k;
-        if (live && c < chunks) wv[k] = ld_stream16(wr + c);
+        if (r < rows && c < chunks) wv[k] = ld_stream16(wr0 + c);
     }
     PDL_ENTRY();
     float finv = 0.0f;
-    if (NORM) {
-        finv = rms_finv(x, cols, eps);
-        if (!live) return;
-    }
-    float acc = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
-        if (c0 != lane) {
+    if (NORM) finv = rms_finv(x, cols, eps);
+    // NORM: a grid of what fits resident (the rms once a block), a warp
+    // taking rows r, r + rstep, ..., the next row's first loads issued
+    // before this one's reduction. Otherwise a row per warp.
+    int rstep = gridDim.x * (blockDim.x >> 5);
+    while (r < rows) {
+        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+        float acc = 0.0f;
+        for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+            if (c0 != lane) {
+#pragma unroll
+                for (int k = 0; k < MVF_UNROLL; k++) {
+                    int c = c0 + 32 * k;
+                    if (c < chunks) wv[k] = ld_stream16(wr + c);
+                }
+            }
 #pragma unroll
             for (int k = 0; k < MVF_UNROLL; k++) {
                 int c = c0 + 32 * k;
-                if (c < chunks) wv[k] = ld_stream16(wr + c);
-            }
-        }
+                if (c < chunks) {
+                    float w[E];
+                    dec16<T>(wv[k], w);
+                    const float4* xp = (const float4*)(x + (u64)c * E);
 #pragma unroll
-        for (int k = 0; k < MVF_UNROLL; k++) {
-            int c = c0 + 32 * k;
-            if (c < chunks) {
-                float w[E];
-                dec16<T>(wv[k], w);
-                const float4* xp = (const float4*)(x + (u64)c * E);
-#pragma unroll
-                for (int i = 0; i < E / 4; i++) {
-                    float4 v = __ldg(xp + i);
-                    if (NORM) {
-                        float4 g = __ldg((const float4*)(nw + (u64)c * E) + i);
-                        v = make_float4(rms_val(v.x, finv, g.x), rms_val(v.y, finv, g.y), rms_val(v.z, finv, g.z),
-                                        rms_val(v.w, finv, g.w));
+                    for (int i = 0; i < E / 4; i++) {
+                        float4 v = __ldg(xp + i);
+                        if (NORM) {
+                            float4 g = __ldg((const float4*)(nw + (u64)c * E) + i);
+                            v = make_float4(rms_val(v.x, finv, g.x), rms_val(v.y, finv, g.y),
+                                            rms_val(v.z, finv, g.z), rms_val(v.w, finv, g.w));
+                        }
+                        acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
                     }
-                    acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
                 }
             }
         }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        float o = acc + (bias ? bias[r] : 0.0f);
-        y[r] = RES ? y[r] + o : o;
+        int rn = r + rstep;
+        if (NORM && rn < rows) {
+#pragma unroll
+            for (int k = 0; k < MVF_UNROLL; k++) {
+                int c = lane + 32 * k;
+                if (c < chunks) wv[k] = ld_stream16((const uint4*)(W + (u64)rn * row_bytes) + c);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            float o = acc + (bias ? bias[r] : 0.0f);
+            y[r] = RES ? y[r] + o : o;
+        }
+        if (!NORM) break;
+        r = rn;
     }
 }
 
@@ -735,16 +748,29 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
-// mvf_impl's NORM staging for the streaming kernel: x (the residual
-// stream, f32) normalized as add_norm does and quantized as quantize_q8
-// does, a warp per 32-value block, into the block's shared memory.
+// mvf_impl's NORM for the streaming kernel (blockDim.x == AN_THREADS, cols
+// <= AN_THREADS * AN_V): x (the residual stream) normalized and quantized
+// into the block's shared memory exactly as add_norm does it for the next
+// GEMV, thread j holding values j + AN_THREADS * k, which makes 32-value block
+// warp + k * 16 a warp's own (one round trip for x; gw, the norm's weights,
+// loaded by the caller before its PDL wait).
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
-                                              const float* __restrict__ nw, float eps, int cols) {
-    float finv = rms_finv(x, cols, eps);
+                                              const float* gw, float eps, int cols) {
+    float xv[AN_V];
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * AN_THREADS;
+        xv[k] = i < cols ? x[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
+    float finv = (float)(1.0 / sqrt(block_sum_d(s) / (double)cols + (double)eps));
     int lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < cols / 32; b += blockDim.x >> 5) {
-        int i = b * 32 + lane;
-        quant_q8_warp(rms_val(__ldg(x + i), finv, __ldg(nw + i)), lane, (u64)b, (i8*)sq, sd, ss);
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int b = (threadIdx.x >> 5) + k * (AN_THREADS / 32);
+        if (b < cols / 32) quant_q8_warp(rms_val(xv[k], finv, gw[k]), lane, (u64)b, (i8*)sq, sd, ss);
     }
     __syncthreads();
 }
@@ -779,9 +805,17 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         for (int k = 0; k < U; k++)
             if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
     }
+    float gw[NORM ? AN_V : 1];
+    if (NORM) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * AN_THREADS;
+            gw[k] = i < cols ? normw[i] : 0.0f;
+        }
+    }
     PDL_ENTRY();
     if (NORM)
-        stage_norm_xq(sq, sd, ss, xf, normw, eps, cols);
+        stage_norm_xq(sq, sd, ss, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;

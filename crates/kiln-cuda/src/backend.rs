@@ -893,6 +893,9 @@ pub struct CudaBackend {
     /// See [`CudaOptions::fuse_norm`]; false where the model does not
     /// allow it ([`CudaBackend::norm_fusable`]).
     fuse_norm: bool,
+    /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
+    /// default: as many as fit).
+    norm_blocks: Option<usize>,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1752,6 +1755,9 @@ impl CudaBackend {
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
             fuse_norm: false,
+            norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -2024,12 +2030,22 @@ impl CudaBackend {
             _ => vec![],
         };
         let args = ArgList::of(&[&w, &x[..nx], &[Arg::P(o.y), Arg::P(o.bias)], &norm]);
-        let (grid, block) = if streaming {
-            (mat.rows.div_ceil(MVQS_THREADS as usize / 32), MVQS_THREADS)
+        let (rows_per_block, block) = if streaming {
+            (MVQS_THREADS as usize / 32, MVQS_THREADS)
         } else {
             // mm's MV_WARPS, a row each.
-            (mat.rows.div_ceil(8), 256)
+            (8, 256)
         };
+        let mut grid = mat.rows.div_ceil(rows_per_block);
+        if matches!(o.fuse, Fuse::Norm { .. }) {
+            // What fits resident, each warp looping over rows: the block's
+            // norm is taken once, behind its first weight loads. (A row per
+            // warp: every later wave of blocks paid it again, in series.)
+            let per_sm = self
+                .norm_blocks
+                .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
+            grid = grid.min(per_sm.max(1) * self.gpu.info.sms as usize);
+        }
         self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
     }
 

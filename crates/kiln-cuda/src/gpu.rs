@@ -592,6 +592,20 @@ impl Gpu {
         1
     }
 
+    /// Blocks of `block` threads of `f` that one SM holds at once (at
+    /// least 1).
+    pub(crate) fn blocks_per_sm(&self, f: sys::CUfunction, block: u32) -> u32 {
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: f is a live function of this context; n is written.
+        let r =
+            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, 0) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            n.max(1) as u32
+        } else {
+            1
+        }
+    }
+
     /// [`Gpu::launch`] with the grid's x dimension in clusters of `cluster`
     /// blocks (1: none; more needs [`Gpu::clusters`] and divides grid.0).
     pub(crate) fn launch_cluster(
