@@ -68,55 +68,21 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 // software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
 #define MVF_UNROLL 4
 
-// 1 / rms of x[0..n) (n <= AN_THREADS * AN_V) exactly as add_norm takes it
-// for the same row: its AN_THREADS threads' sums of squares (thread j: values
-// j + AN_THREADS * k in k order, f64), each warp's by warp_sum_d, the warps'
-// in order; here blockDim.x (dividing AN_THREADS) threads play them. Every
-// thread of the block calls it and gets it; x also lands in L1.
-__device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, float eps) {
-    __shared__ double part[AN_THREADS / 32];
-    for (int j = threadIdx.x; j < AN_THREADS; j += blockDim.x) {
-        double s = 0.0;
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int i = j + k * AN_THREADS;
-            double v = i < n ? (double)__ldg(x + i) : 0.0;
-            s += v * v;
-        }
-        s = warp_sum_d(s);
-        if ((j & 31) == 0) part[j >> 5] = s;
-    }
-    __syncthreads();
-    double t = 0.0;
-    for (int i = 0; i < AN_THREADS / 32; i++) t += part[i];
-    return (float)(1.0 / sqrt(t / (double)n + (double)eps));
-}
-
 // add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
 // products, so the consumer sees the bits add_norm would have written).
 __device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
 
-// The decode layer's norms and residual adds inside its GEMVs instead of
-// add_norm launches between them (CudaBackend::fused_norm):
-// * NORM (the QKV and gate|up products): x is the residual stream, nw the
-//   RMSNorm's weights; every block takes x's rms itself and normalizes as
-//   it reads.
-// * RES (the O and down products): y is the residual stream and the row's
-//   result is added to it, y[r] = y[r] + (W[r] . x + bias[r]), as add_norm
-//   adds it.
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
-template <int T, bool NORM = false, bool RES = false>
+template <int T>
 __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                          const float* __restrict__ x, float* __restrict__ y,
-                                         const float* __restrict__ bias, const float* __restrict__ nw = nullptr,
-                                         float eps = 0.0f) {
+                                         const float* __restrict__ bias) {
     constexpr int E = T == T_F32 ? 4 : 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    // With NORM every warp stays for the block's rms.
-    if (!NORM && r >= rows) return;
-    const uint4* wr0 = (const uint4*)(W + (u64)r * row_bytes);
+    if (r >= rows) return;
+    const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
     int chunks = cols / E;
     // The first step's weight loads are issued before waiting for x (they
     // overlap the previous kernel under programmatic dependent launch).
@@ -124,78 +90,41 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
     for (int k = 0; k < MVF_UNROLL; k++) {
         int c = lane + 32 * k;
-        if (r < rows && c < chunks) wv[k] = ld_stream16(wr0 + c);
+        if (c < chunks) wv[k] = ld_stream16(wr + c);
     }
     PDL_ENTRY();
-    float finv = 0.0f;
-    if (NORM) finv = rms_finv(x, cols, eps);
-    // NORM: a grid of what fits resident (the rms once a block), a warp
-    // taking rows r, r + rstep, ..., the next row's first loads issued
-    // before this one's reduction. Otherwise a row per warp.
-    int rstep = gridDim.x * (blockDim.x >> 5);
-    while (r < rows) {
-        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
-        float acc = 0.0f;
-        for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
-            if (c0 != lane) {
-#pragma unroll
-                for (int k = 0; k < MVF_UNROLL; k++) {
-                    int c = c0 + 32 * k;
-                    if (c < chunks) wv[k] = ld_stream16(wr + c);
-                }
-            }
+    float acc = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+        if (c0 != lane) {
 #pragma unroll
             for (int k = 0; k < MVF_UNROLL; k++) {
                 int c = c0 + 32 * k;
-                if (c < chunks) {
-                    float w[E];
-                    dec16<T>(wv[k], w);
-                    const float4* xp = (const float4*)(x + (u64)c * E);
+                if (c < chunks) wv[k] = ld_stream16(wr + c);
+            }
+        }
 #pragma unroll
-                    for (int i = 0; i < E / 4; i++) {
-                        float4 v = __ldg(xp + i);
-                        if (NORM) {
-                            float4 g = __ldg((const float4*)(nw + (u64)c * E) + i);
-                            v = make_float4(rms_val(v.x, finv, g.x), rms_val(v.y, finv, g.y),
-                                            rms_val(v.z, finv, g.z), rms_val(v.w, finv, g.w));
-                        }
-                        acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
-                    }
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = c0 + 32 * k;
+            if (c < chunks) {
+                float w[E];
+                dec16<T>(wv[k], w);
+                const float4* xp = (const float4*)(x + (u64)c * E);
+#pragma unroll
+                for (int i = 0; i < E / 4; i++) {
+                    float4 v = __ldg(xp + i);
+                    acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
                 }
             }
         }
-        int rn = r + rstep;
-        if (NORM && rn < rows) {
-#pragma unroll
-            for (int k = 0; k < MVF_UNROLL; k++) {
-                int c = lane + 32 * k;
-                if (c < chunks) wv[k] = ld_stream16((const uint4*)(W + (u64)rn * row_bytes) + c);
-            }
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            float o = acc + (bias ? bias[r] : 0.0f);
-            y[r] = RES ? y[r] + o : o;
-        }
-        if (!NORM) break;
-        r = rn;
     }
+    acc = warp_sum(acc);
+    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
 }
 
-// mvf_* and its fused-norm (mvfn_*) and residual (mvfr_*) versions.
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
         mvf_impl<T>(W, row_bytes, rows, cols, x, y, bias);                                          \
-    }                                                                                              \
-    extern "C" __global__ void mvfn_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
-                                            const float* x, float* y, const float* bias,            \
-                                            const float* nw, float eps) {                           \
-        mvf_impl<T, true, false>(W, row_bytes, rows, cols, x, y, bias, nw, eps);                    \
-    }                                                                                              \
-    extern "C" __global__ void mvfr_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
-                                            const float* x, float* y, const float* bias) {          \
-        mvf_impl<T, false, true>(W, row_bytes, rows, cols, x, y, bias);                             \
     }
 
 MVF(f32, T_F32)
@@ -748,7 +677,7 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
-// mvf_impl's NORM for the streaming kernel (blockDim.x == AN_THREADS, cols
+// The decode layer's norm inside the streaming kernel (blockDim.x == AN_THREADS, cols
 // <= AN_THREADS * AN_V): x (the residual stream) normalized and quantized
 // into the block's shared memory exactly as add_norm does it for the next
 // GEMV, thread j holding values j + AN_THREADS * k, which makes 32-value block
@@ -766,12 +695,10 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, co
 #pragma unroll
     for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
     float finv = (float)(1.0 / sqrt(block_sum_d(s) / (double)cols + (double)eps));
-    int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < AN_V; k++) {
-        int b = (threadIdx.x >> 5) + k * (AN_THREADS / 32);
-        if (b < cols / 32) quant_q8_warp(rms_val(xv[k], finv, gw[k]), lane, (u64)b, (i8*)sq, sd, ss);
-    }
+    for (int k = 0; k < AN_V; k++) xv[k] = rms_val(xv[k], finv, gw[k]);
+    int b0 = threadIdx.x >> 5;
+    quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd, ss);
     __syncthreads();
 }
 

@@ -396,8 +396,9 @@ pub struct CudaOptions {
     pub fuse_qkv: bool,
     /// Steps of one token take each layer's RMSNorms inside the QKV and
     /// gate|up GEMVs and add the O and down products to the residual
-    /// stream in those GEMVs, instead of two `add_norm` launches a layer
-    /// (bf16/f16/f32 and streaming Q4_0 weights; logits bit-identical).
+    /// stream in those GEMVs, instead of two `add_norm` launches a layer:
+    /// models whose layer matrices all take the streaming GEMV (`mvqs*`:
+    /// Q4_0), which stages x per block anyway (logits bit-identical).
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
 }
@@ -607,11 +608,8 @@ struct Kernels {
     /// Per kernel-table index: `mvq` with two units per lane in flight
     /// ([`mvq_narrow`]).
     mvq2: Vec<Option<cudarc::driver::sys::CUfunction>>,
-    /// `mvf` / `mvqs` taking the norm before ([`Fuse::Norm`]: `mvfn_*`,
-    /// `mvqsn*`) or the residual add after ([`Fuse::Residual`]: `mvfr_*`,
-    /// `mvqsr*`), indexed as `mvf` / `mvqs`.
-    mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
-    mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// `mvqs` taking the norm before ([`Fuse::Norm`]: `mvqsn*`) or the
+    /// residual add after ([`Fuse::Residual`]: `mvqsr*`), indexed as `mvqs`.
     mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
@@ -668,8 +666,6 @@ impl Kernels {
         let mut mvq = vec![None; 64];
         let mut mvqs = vec![None; 64];
         let mut mvq2 = vec![None; 64];
-        let mut mvfn = vec![None; 64];
-        let mut mvfr = vec![None; 64];
         let mut mvqsn = vec![None; 64];
         let mut mvqsr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -678,8 +674,6 @@ impl Kernels {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
-                mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
-                mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
@@ -721,8 +715,6 @@ impl Kernels {
             mvq,
             mvqs,
             mvq2,
-            mvfn,
-            mvfr,
             mvqsn,
             mvqsr,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -1947,32 +1939,18 @@ impl CudaBackend {
         Some(fs[u.trailing_zeros() as usize - 2])
     }
 
-    /// Whether the one-token float GEMV (`mvf_*` and its fused versions)
-    /// takes `mat`.
-    fn mvf_takes(&self, mat: &DMat) -> bool {
-        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-        let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
-        aligned16 && !self.uses_q8(mat) && self.k.mvf[mat.kernel].is_some()
-    }
-
-    /// The one-token GEMV doing `fuse` for `mat` (None: there is none),
-    /// and whether it is a streaming one (`mvqs*`: MVQS_THREADS a block).
-    fn fused_kernel(
-        &self,
-        mat: &DMat,
-        fuse: Fuse,
-    ) -> Option<(cudarc::driver::sys::CUfunction, bool)> {
-        let (streaming, float) = match fuse {
-            Fuse::None => (&self.k.mvqs, &self.k.mvf),
-            Fuse::Norm { .. } => (&self.k.mvqsn, &self.k.mvfn),
-            Fuse::Residual => (&self.k.mvqsr, &self.k.mvfr),
+    /// The one-token GEMV doing `fuse` for `mat` (None: there is none).
+    /// Only the streaming kernel has fused versions: it stages x per
+    /// block anyway. (bf16 `mvf_*` versions, the norm taken per block on
+    /// a resident grid, measured slower than add_norm: 8B bf16 181 ->
+    /// 154 tok/s, 1B 876 -> 792; NOTES.md item 29.)
+    fn fused_kernel(&self, mat: &DMat, fuse: Fuse) -> Option<cudarc::driver::sys::CUfunction> {
+        let table = match fuse {
+            Fuse::None => &self.k.mvqs,
+            Fuse::Norm { .. } => &self.k.mvqsn,
+            Fuse::Residual => &self.k.mvqsr,
         };
-        if let Some(f) = self.streaming(streaming, mat, 1) {
-            return Some((f, true));
-        }
-        float[mat.kernel]
-            .filter(|_| self.mv_path(1) && self.mvf_takes(mat))
-            .map(|f| (f, false))
+        self.streaming(table, mat, 1)
     }
 
     /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
@@ -2005,7 +1983,7 @@ impl CudaBackend {
 
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
-        let (f, streaming) = self
+        let f = self
             .fused_kernel(mat, o.fuse)
             .ok_or_else(|| CudaError(format!("no fused one-token GEMV for {}", mat.ty)))?;
         let w = [
@@ -2014,33 +1992,21 @@ impl CudaBackend {
             Arg::I(mat.rows as i32),
             Arg::I(mat.cols as i32),
         ];
-        let x = match o.fuse {
-            // The residual stream in f32, whatever the kernel's usual input.
-            Fuse::Norm { .. } => [Arg::P(o.x), Arg::P(0), Arg::P(0)],
-            _ if streaming => self.xq_args(true),
-            _ => [Arg::P(o.x), Arg::P(0), Arg::P(0)],
+        let out = [Arg::P(o.y), Arg::P(o.bias)];
+        let args = match o.fuse {
+            // x: the residual stream in f32.
+            Fuse::Norm { w: nw, eps } => {
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
+            }
+            _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
         };
-        let nx = if streaming && !matches!(o.fuse, Fuse::Norm { .. }) {
-            3
-        } else {
-            1
-        };
-        let norm = match o.fuse {
-            Fuse::Norm { w, eps } => vec![Arg::P(w), Arg::F(eps)],
-            _ => vec![],
-        };
-        let args = ArgList::of(&[&w, &x[..nx], &[Arg::P(o.y), Arg::P(o.bias)], &norm]);
-        let (rows_per_block, block) = if streaming {
-            (MVQS_THREADS as usize / 32, MVQS_THREADS)
-        } else {
-            // mm's MV_WARPS, a row each.
-            (8, 256)
-        };
-        let mut grid = mat.rows.div_ceil(rows_per_block);
+        let block = MVQS_THREADS;
+        let mut grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32);
         if matches!(o.fuse, Fuse::Norm { .. }) {
             // What fits resident, each warp looping over rows: the block's
             // norm is taken once, behind its first weight loads. (A row per
-            // warp: every later wave of blocks paid it again, in series.)
+            // warp: every later wave of blocks paid it again, in series:
+            // 8B Q4_0 418 -> 278 tok/s.)
             let per_sm = self
                 .norm_blocks
                 .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
