@@ -77,8 +77,9 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Blocks b0 + k * step (k < N; with GUARD only those below nb) of 32 activations each (lane
-// i holds value i of block k in v[k], all 32 lanes present) to 8 bits:
+// Blocks b0 + k * step (k < N; with GUARD only those below nb) of 32
+// activations each (lane i holds value i of block k in v[k], all 32 lanes
+// present) to 8 bits:
 // d = amax / 127, q = round-half-even(v / d), s = d * Σq — kiln-cpu's QAct
 // arithmetic, so GPU and CPU fast paths see the same integers. The N
 // blocks' shuffles are interleaved (one chain's latency, not N).
@@ -121,7 +122,7 @@ __device__ __forceinline__ void quant_q8_warp(float v, int lane, u64 b, i8* q, f
 }
 
 // add_norm's block (threads) and values per thread held in registers (ops.cu);
-// the GEMVs that take its RMSNorm over (gemv.cu, rms_finv) sum as it does.
+// the GEMVs that take its RMSNorm over (gemv.cu, stage_norm_xq) sum as it does.
 #define AN_THREADS 512
 #define AN_V 8
 

@@ -68,10 +68,6 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 // software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
 #define MVF_UNROLL 4
 
-// add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
-// products, so the consumer sees the bits add_norm would have written).
-__device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
-
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
 template <int T>
@@ -677,12 +673,17 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
-// The decode layer's norm inside the streaming kernel (blockDim.x == AN_THREADS, cols
-// <= AN_THREADS * AN_V): x (the residual stream) normalized and quantized
-// into the block's shared memory exactly as add_norm does it for the next
-// GEMV, thread j holding values j + AN_THREADS * k, which makes 32-value block
-// warp + k * 16 a warp's own (one round trip for x; gw, the norm's weights,
-// loaded by the caller before its PDL wait).
+// add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
+// products, so the consumer sees the bits add_norm would have written).
+__device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
+
+// The decode layer's RMSNorm inside the streaming kernel (blockDim.x ==
+// AN_THREADS, cols <= AN_THREADS * AN_V; CudaOptions::fuse_norm): x (the
+// residual stream) normalized and quantized into the block's shared memory
+// exactly as add_norm does it for the next GEMV: thread j holds values j +
+// AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
+// order), which makes 32-value block warp + 16 k a warp's own. One round
+// trip for x; gw, the norm's weights, loaded by the caller before its PDL wait.
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     float xv[AN_V];
@@ -711,7 +712,11 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
     return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
 }
 
-// NORM / RES as mvf_impl's (NORM: xf and nw instead of xq, xd, xs).
+// NORM (the QKV and gate|up products): xf is the residual stream and normw
+// the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
+// instead of read from xq, xd, xs. RES (the O and down products): y is the
+// residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
+// Either replaces an add_norm launch.
 template <int T, int U, bool NORM = false, bool RES = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
