@@ -3,12 +3,7 @@
 # gemv.cu: rload / rdot<T_Q5_KR>) checked against ggml's Q5_K decoding
 # (dequantize_row_q5_K: value, sub-block scale and min of every value). No GPU:
 #   python3 bench/cuda/sim/q5kr_layout.py   -> "units 8000 mismatches 0"
-import random
-
-def scale_min_k4(j, q):  # ggml get_scale_min_k4
-    if j < 4:
-        return q[j] & 63, q[j + 4] & 63
-    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+from k4_sim import check, scale_min_k4
 
 def q5k_values(b):
     # (5-bit value, scale, min) of the 256 values, in ggml's order
@@ -35,7 +30,7 @@ def repack(b):  # repack_q5k on one super-block
 def spread4(h):
     return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25)
 
-def rdot_unit(r, j):  # rload + rdot<T_Q5_KR>: the unit's 32 values, its scale and min
+def rdot_unit(r, j):  # rload + rdot<T_Q5_KR>: the unit's 32 values
     a = [int.from_bytes(r[16 + 16 * j + 4 * i:20 + 16 * j + 4 * i], 'little') for i in range(4)]
     h = int.from_bytes(r[144 + 4 * j:148 + 4 * j], 'little')
     vals = [None] * 32
@@ -45,24 +40,6 @@ def rdot_unit(r, j):  # rload + rdot<T_Q5_KR>: the unit's 32 values, its scale a
         for k in range(4):
             vals[4 * i + k] = (lo >> (8 * k)) & 0xff
             vals[16 + 4 * i + k] = (hi >> (8 * k)) & 0xff
-    w = lambda k: int.from_bytes(r[4 * k:4 * k + 4], 'little')
-    sh = 8 * (j & 3)
-    lo, mid, hi = w(1) >> sh, w(2) >> sh, w(3) >> sh
-    if j < 4:
-        sc, m = lo & 63, mid & 63
-    else:
-        sc, m = (hi & 15) | (((lo >> 6) & 3) << 4), ((hi >> 4) & 15) | (((mid >> 6) & 3) << 4)
-    return vals, sc, m
+    return vals
 
-rng = random.Random(7)
-units = bad = 0
-for _ in range(1000):
-    b = bytes(rng.randrange(256) for _ in range(176))
-    ref, r = q5k_values(b), repack(b)
-    assert r[:16] == b[:16]
-    for j in range(8):
-        vals, sc, m = rdot_unit(r, j)
-        units += 1
-        if any((vals[i], sc, m) != ref[32 * j + i] for i in range(32)):
-            bad += 1
-print("units", units, "mismatches", bad)
+check(176, q5k_values, repack, rdot_unit)
