@@ -684,6 +684,9 @@ __device__ __forceinline__ float rms_val(float v, float finv, float w) { return 
 // AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
 // order), which makes 32-value block warp + 16 k a warp's own. One round
 // trip for x; gw, the norm's weights, loaded by the caller before its PDL wait.
+// SERIAL (experiment, `mvqsm*`): the warp's blocks quantized one after
+// another, as the version that measured 1B Q4_0 +5.4% (NOTES.md item 29).
+template <bool SERIAL = false>
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     float xv[AN_V];
@@ -699,7 +702,16 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, co
 #pragma unroll
     for (int k = 0; k < AN_V; k++) xv[k] = rms_val(xv[k], finv, gw[k]);
     int b0 = threadIdx.x >> 5;
-    quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd, ss);
+    if (SERIAL) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int b = b0 + k * (AN_THREADS / 32);
+            if (b < cols / 32) quant_q8_warp(xv[k], threadIdx.x & 31, (u64)b, (i8*)sq, sd, ss);
+        }
+    } else {
+        quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd,
+                                   ss);
+    }
     __syncthreads();
 }
 
@@ -717,7 +729,7 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
 // residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
 // Either replaces an add_norm launch.
-template <int T, int U, bool NORM = false, bool RES = false>
+template <int T, int U, bool NORM = false, bool RES = false, bool SERIAL = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -747,7 +759,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     PDL_ENTRY();
     if (NORM)
-        stage_norm_xq(sq, sd, ss, xf, gw, eps, cols);
+        stage_norm_xq<SERIAL>(sq, sd, ss, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;
@@ -793,6 +805,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                   const float* nw, float eps) {                        \
         mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
                                      nw, eps);                                                         \
+    }                                                                                                 \
+    extern "C" __global__ void mvqsm##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const float* x, float* y, const float* bias,         \
+                                                  const float* nw, float eps) {                        \
+        mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
+                                           x, nw, eps);                                                \
     }                                                                                                 \
     extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                   const i8* xq, const float* xd, const float* xs,      \

@@ -698,7 +698,14 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
+            // Experiment (NOTES.md item 29): `$KILN_CUDA_NORM_SERIAL=1`
+            // stages with the blocks quantized one after another (`mvqsm*`).
+            let nv = if std::env::var("KILN_CUDA_NORM_SERIAL").is_ok_and(|v| v == "1") {
+                "m"
+            } else {
+                "n"
+            };
+            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, nv), (&mut mvqsr, "r")] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
                     gpu.func(&format!("mvqs{v}8_{n}"))?,
