@@ -11,6 +11,8 @@
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
+#   bash bench/cuda/next_check.sh norm     # fused-norm staging: serial (KILN_CUDA_NORM_SERIAL=1) vs interleaved vs off, 1B/8B Q4_0
+# Branch att-pre (eighth session): verify (full: the attention changed), ab, norm.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -61,6 +63,14 @@ boundary)
   for r in 1 2; do for v in 0 1; do for m in model-q4_0.gguf hf; do
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
+norm)
+  for S in Llama-3.2-1B Llama-3.1-8B; do
+    D=/tmp/nm-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for v in "KILN_CUDA_NORM_SERIAL=0" "KILN_CUDA_NORM_SERIAL=1" "KILN_CUDA_FUSE_NORM=0"; do
+      echo "$S $v $(env $v /tmp/kiln bench $D/model-q4_0.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done; done
+    rm -rf $D
+  done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
