@@ -30,14 +30,8 @@ def nvrtc_dir():
     sys.exit("libnvrtc not found: pip install nvidia-cuda-nvrtc, or set NVRTC_LIB")
 
 
-def main():
-    args = sys.argv[1:]
-    arch = "sm_90"
-    if "--arch" in args:
-        i = args.index("--arch")
-        arch = args[i + 1]
-        del args[i : i + 2]
-    pat = re.compile(args[0] if args else "")
+def compile_kernels(arch, extra=()):
+    """NVRTC over crates/kiln-cuda/kernels (the backend's order): (lib, prog, log)."""
     lib_dir = nvrtc_dir()
     for b in sorted(glob.glob(os.path.join(lib_dir, "libnvrtc-builtins.so*"))):
         ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
@@ -47,7 +41,7 @@ def main():
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kiln.cu", 0, None, None) != 0:
         sys.exit("nvrtcCreateProgram failed")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"-Xptxas=-v"]
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device"] + [o.encode() for o in extra]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
@@ -56,6 +50,24 @@ def main():
     log = buf.value.decode()
     if rc != 0:
         sys.exit(log)
+    return lib, prog, log
+
+
+def arch_arg(args):
+    """--arch ARCH out of args (default sm_90)."""
+    if "--arch" in args:
+        i = args.index("--arch")
+        arch = args[i + 1]
+        del args[i : i + 2]
+        return arch
+    return "sm_90"
+
+
+def main():
+    args = sys.argv[1:]
+    arch = arch_arg(args)
+    pat = re.compile(args[0] if args else "")
+    _, _, log = compile_kernels(arch, ["-Xptxas=-v"])
     cur = None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
