@@ -70,7 +70,9 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
-template <int T>
+// RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
+// add_norm adds it (CudaOptions::fuse_norm).
+template <int T, bool RES = false>
 __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                          const float* __restrict__ x, float* __restrict__ y,
                                          const float* __restrict__ bias) {
@@ -114,13 +116,148 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+    if (lane == 0) {
+        float o = acc + (bias ? bias[r] : 0.0f);
+        y[r] = RES ? y[r] + o : o;
+    }
 }
 
+// add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
+// products, so the consumer sees the bits add_norm would have written).
+__device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
+
+// 1 / rms of x[0..n) (n <= AN_THREADS * AN_V) exactly as add_norm takes it:
+// its AN_THREADS threads' f64 sums of squares (thread j: values j +
+// AN_THREADS * k in k order), each warp's by warp_sum_d, the warps' in
+// order, played by blockDim.x threads (dividing AN_THREADS). Every thread of
+// the block calls it and gets it.
+__device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, float eps) {
+    __shared__ double part[AN_THREADS / 32];
+    for (int j = threadIdx.x; j < AN_THREADS; j += blockDim.x) {
+        double s = 0.0;
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = j + k * AN_THREADS;
+            double v = i < n ? (double)__ldg(x + i) : 0.0;
+            s += v * v;
+        }
+        s = warp_sum_d(s);
+        if ((j & 31) == 0) part[j >> 5] = s;
+    }
+    __syncthreads();
+    double t = 0.0;
+    for (int i = 0; i < AN_THREADS / 32; i++) t += part[i];
+    return (float)(1.0 / sqrt(t / (double)n + (double)eps));
+}
+
+#define MVFN_THREADS 256
+// Experiment (`$KILN_CUDA_FUSE_NORM_F=1`, NOTES.md item 31): mvf_impl with
+// the layer's RMSNorm inside, for float weights. x is the residual stream
+// (cols <= AN_THREADS * AN_V): the block takes its rms as add_norm does,
+// stages the normalized row once in shared memory, and its warps then read
+// x there as mvf_impl reads it from L1 (the same values, the same sums).
+// A grid of what fits resident, each warp taking rows r, r + rstep, ...,
+// the next row's first loads issued before this one's reduction.
+template <int T>
+__device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                          const float* __restrict__ x, float* __restrict__ y,
+                                          const float* __restrict__ bias, const float* __restrict__ nw,
+                                          float eps) {
+    __shared__ float4 sx[AN_THREADS * AN_V / 4];
+    constexpr int E = T == T_F32 ? 4 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
+    int chunks = cols / E;
+    uint4 wv[MVF_UNROLL];
+    if (r < rows) {
+        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+#pragma unroll
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = lane + 32 * k;
+            if (c < chunks) wv[k] = ld_stream16(wr + c);
+        }
+    }
+    // The norm's weights (a load-time table) before the wait, all of a
+    // thread's at once: float4 i = threadIdx.x + k * blockDim.x (blockDim.x
+    // >= MVFN_THREADS covers the row).
+    constexpr int SV = AN_THREADS * AN_V / 4 / MVFN_THREADS;
+    float4 gs[SV];
+#pragma unroll
+    for (int k = 0; k < SV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < cols / 4) gs[k] = __ldg((const float4*)nw + i);
+    }
+    PDL_ENTRY();
+    float finv = rms_finv(x, cols, eps);
+    float4 xs[SV];
+#pragma unroll
+    for (int k = 0; k < SV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < cols / 4) xs[k] = __ldg((const float4*)x + i);
+    }
+#pragma unroll
+    for (int k = 0; k < SV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < cols / 4)
+            sx[i] = make_float4(rms_val(xs[k].x, finv, gs[k].x), rms_val(xs[k].y, finv, gs[k].y),
+                                rms_val(xs[k].z, finv, gs[k].z), rms_val(xs[k].w, finv, gs[k].w));
+    }
+    __syncthreads();
+    while (r < rows) {
+        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
+        float acc = 0.0f;
+        for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+            if (c0 != lane) {
+#pragma unroll
+                for (int k = 0; k < MVF_UNROLL; k++) {
+                    int c = c0 + 32 * k;
+                    if (c < chunks) wv[k] = ld_stream16(wr + c);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < MVF_UNROLL; k++) {
+                int c = c0 + 32 * k;
+                if (c < chunks) {
+                    float w[E];
+                    dec16<T>(wv[k], w);
+                    const float4* xp = sx + c * (E / 4);
+#pragma unroll
+                    for (int i = 0; i < E / 4; i++) {
+                        float4 v = xp[i];
+                        acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                    }
+                }
+            }
+        }
+        int rn = r + rstep;
+        if (rn < rows) {
+            const uint4* wn = (const uint4*)(W + (u64)rn * row_bytes);
+#pragma unroll
+            for (int k = 0; k < MVF_UNROLL; k++) {
+                int c = lane + 32 * k;
+                if (c < chunks) wv[k] = ld_stream16(wn + c);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+        r = rn;
+    }
+}
+
+// mvf_* and its fused-norm (mvfn_*, experiment) and residual (mvfr_*) versions.
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
         mvf_impl<T>(W, row_bytes, rows, cols, x, y, bias);                                          \
+    }                                                                                              \
+    extern "C" __global__ void mvfn_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
+                                            const float* x, float* y, const float* bias,            \
+                                            const float* nw, float eps) {                           \
+        mvfn_impl<T>(W, row_bytes, rows, cols, x, y, bias, nw, eps);                                \
+    }                                                                                              \
+    extern "C" __global__ void mvfr_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
+                                            const float* x, float* y, const float* bias) {          \
+        mvf_impl<T, true>(W, row_bytes, rows, cols, x, y, bias);                                    \
     }
 
 MVF(f32, T_F32)
@@ -673,10 +810,6 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
     __syncthreads();
 }
 
-// add_norm's RMSNorm of one value (norm_val: v * finv * w, two rounded
-// products, so the consumer sees the bits add_norm would have written).
-__device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
-
 // The decode layer's RMSNorm inside the streaming kernel (blockDim.x ==
 // AN_THREADS, cols <= AN_THREADS * AN_V; CudaOptions::fuse_norm): x (the
 // residual stream) normalized and quantized into the block's shared memory
@@ -684,6 +817,9 @@ __device__ __forceinline__ float rms_val(float v, float finv, float w) { return 
 // AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
 // order), which makes 32-value block warp + 16 k a warp's own. One round
 // trip for x; gw, the norm's weights, loaded by the caller before its PDL wait.
+// SERIAL (experiment, `mvqsm*`): the warp's blocks quantized one after
+// another, as the version that measured 1B Q4_0 +5.4% (NOTES.md item 29).
+template <bool SERIAL = false>
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     float xv[AN_V];
@@ -699,7 +835,16 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, co
 #pragma unroll
     for (int k = 0; k < AN_V; k++) xv[k] = rms_val(xv[k], finv, gw[k]);
     int b0 = threadIdx.x >> 5;
-    quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd, ss);
+    if (SERIAL) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int b = b0 + k * (AN_THREADS / 32);
+            if (b < cols / 32) quant_q8_warp(xv[k], threadIdx.x & 31, (u64)b, (i8*)sq, sd, ss);
+        }
+    } else {
+        quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd,
+                                   ss);
+    }
     __syncthreads();
 }
 
@@ -717,7 +862,7 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
 // residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
 // Either replaces an add_norm launch.
-template <int T, int U, bool NORM = false, bool RES = false>
+template <int T, int U, bool NORM = false, bool RES = false, bool SERIAL = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -747,7 +892,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     PDL_ENTRY();
     if (NORM)
-        stage_norm_xq(sq, sd, ss, xf, gw, eps, cols);
+        stage_norm_xq<SERIAL>(sq, sd, ss, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;
@@ -793,6 +938,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                   const float* nw, float eps) {                        \
         mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
                                      nw, eps);                                                         \
+    }                                                                                                 \
+    extern "C" __global__ void mvqsm##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const float* x, float* y, const float* bias,         \
+                                                  const float* nw, float eps) {                        \
+        mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
+                                           x, nw, eps);                                                \
     }                                                                                                 \
     extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                   const i8* xq, const float* xd, const float* xs,      \

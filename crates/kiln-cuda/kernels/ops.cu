@@ -400,37 +400,62 @@ __device__ __forceinline__ void load_kv_row(const float* kc, const float* vc, co
 // order: optional RMSNorm (nw), then RoPE over the whole head (cosb; NeoX
 // pairs (i, i + hd / 2) sit in one lane, pairs (2i, 2i + 1) in a lane and
 // its neighbour).
+// What head_post reads besides the head: the norm's weights for this
+// lane's dims (w[i]: dim lane + 32 i) and RoPE's cos / sin at the token's
+// position (c[i], s[i]: pair of dim lane + 32 i). All load-time tables, so
+// the fused attention reads them before its PDL wait.
 template <int DPL>
-__device__ __forceinline__ void head_post(float* v, const float* nw, float eps, const float* cosb,
-                                          const float* sinb, int neox, u32 pos, int lane) {
-    constexpr int hd = 32 * DPL, half = hd / 2;
-    if (nw) {
-        double s = 0.0;
+struct HeadTables {
+    float qw[DPL], kw[DPL], c[DPL], s[DPL];
+};
+
+template <int DPL>
+__device__ __forceinline__ void head_tables(HeadTables<DPL>& t, const float* qnw, const float* knw,
+                                            const float* cosb, const float* sinb, int neox, u32 pos, int lane) {
+    constexpr int half = 16 * DPL;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) s += (double)v[i] * (double)v[i];
-        double ss = warp_sum_d(s);
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        t.qw[i] = qnw ? qnw[d] : 0.0f;
+        t.kw[i] = knw ? knw[d] : 0.0f;
+        // NeoX rotates dims d and d + half by pair d (i < DPL / 2); GGUF
+        // rotates dims 2j and 2j + 1 by pair j.
+        int j = neox ? (i < DPL / 2 ? d : 0) : d >> 1;
+        t.c[i] = cosb ? cosb[(u64)pos * half + j] : 0.0f;
+        t.s[i] = cosb ? sinb[(u64)pos * half + j] : 0.0f;
+    }
+}
+
+// Optional per-head RMSNorm (w: its weights, norm: whether there is one),
+// then RoPE over the whole head (rope: whether there is one) with the
+// cos / sin of head_tables.
+template <int DPL>
+__device__ __forceinline__ void head_post(float* v, bool norm, const float* w, float eps, bool rope, int neox,
+                                          const float* c, const float* s, int lane) {
+    constexpr int hd = 32 * DPL;
+    if (norm) {
+        double ss = 0.0;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ss += (double)v[i] * (double)v[i];
+        ss = warp_sum_d(ss);
         float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
 #pragma unroll
-        for (int i = 0; i < DPL; i++) v[i] = v[i] * inv * nw[lane + 32 * i];
+        for (int i = 0; i < DPL; i++) v[i] = v[i] * inv * w[i];
     }
-    if (!cosb) return;
-    const float* cs = cosb + (u64)pos * half;
-    const float* sn = sinb + (u64)pos * half;
+    if (!rope) return;
     if (neox) {
 #pragma unroll
         for (int i = 0; i < DPL / 2; i++) {
-            int d = lane + 32 * i;
-            float x0 = v[i], x1 = v[i + DPL / 2], c = cs[d], s = sn[d];
-            v[i] = rope_lo(x0, x1, c, s);
-            v[i + DPL / 2] = rope_hi(x0, x1, c, s);
+            float x0 = v[i], x1 = v[i + DPL / 2];
+            v[i] = rope_lo(x0, x1, c[i], s[i]);
+            v[i + DPL / 2] = rope_hi(x0, x1, c[i], s[i]);
         }
     } else {
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             float o = __shfl_xor_sync(0xffffffffu, v[i], 1);
-            float c = cs[d >> 1], s = sn[d >> 1];
-            v[i] = (d & 1) == 0 ? rope_lo(v[i], o, c, s) : rope_hi(o, v[i], c, s);
+            v[i] = (d & 1) == 0 ? rope_lo(v[i], o, c[i], s[i]) : rope_hi(o, v[i], c[i], s[i]);
         }
     }
 }
@@ -648,6 +673,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         pre[j] = p < end && p + ntok <= (int)pos;
         if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
+    HeadTables<DPL> ht;
+    if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
     PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
     float qv[DPL], acc[DPL];
@@ -657,11 +684,23 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         qv[i] = d < hd ? qh[d] : 0.0f;
         acc[i] = 0.0f;
     }
-    if (FUSED) head_post<DPL>(qv, qnw, eps, cosb, sinb, neox, pos, lane);
-    float m = -INFINITY, l = 0.0f;
     // FUSED: the token's own position (the last of the range, so the last
-    // of its warp's) is taken after the loop, from the QKV row.
+    // of its warp's) is taken after the loop, from the QKV row, whose K and
+    // V are loaded here with q (one round trip for both).
     bool own = FUSED && end == (int)pos + 1;
+    bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % ATT_WARPS == 0;
+    float okv[DPL], ovv[DPL];
+    if (own_warp) {
+        const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            okv[i] = d < hd ? kr[d] : 0.0f;
+            ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
+        }
+    }
+    if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+    float m = -INFINITY, l = 0.0f;
     int lend = own ? end - 1 : end;
     for (int p = p0, it = 0; p < lend; p += ATT_WARPS, it++) {
         // V loaded with K: one memory round trip per position, not two.
@@ -680,16 +719,14 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         if (!had) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, kv, vv);
         att_step<DPL>(qv, kv, vv, hd, lane, scale, softcap, m, l, acc);
     }
-    if (own && (int)pos >= p0 && ((int)pos - p0) % ATT_WARPS == 0) {
-        const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+    if (own_warp) {
         float kv[DPL], vv[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            kv[i] = d < hd ? kr[d] : 0.0f;
-            vv[i] = d < hd ? kr[kvd + d] : 0.0f;
+            kv[i] = okv[i];
+            vv[i] = ovv[i];
         }
-        head_post<DPL>(kv, knw, eps, cosb, sinb, neox, pos, lane);
+        head_post<DPL>(kv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
         if (h % group == 0) {
             u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll

@@ -612,6 +612,10 @@ struct Kernels {
     /// residual add after ([`Fuse::Residual`]: `mvqsr*`), indexed as `mvqs`.
     mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`:
+    /// an experiment, taken only with `$KILN_CUDA_FUSE_NORM_F=1`.
+    mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
     gather_kv_half: cudarc::driver::sys::CUfunction,
@@ -668,12 +672,19 @@ impl Kernels {
         let mut mvq2 = vec![None; 64];
         let mut mvqsn = vec![None; 64];
         let mut mvqsr = vec![None; 64];
+        let mut mvfn = vec![None; 64];
+        let mut mvfr = vec![None; 64];
+        let float_fused = std::env::var("KILN_CUDA_FUSE_NORM_F").is_ok_and(|v| v == "1");
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
+                if float_fused {
+                    mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
+                    mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
+                }
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
@@ -698,7 +709,14 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
+            // Experiment (NOTES.md item 29): `$KILN_CUDA_NORM_SERIAL=1`
+            // stages with the blocks quantized one after another (`mvqsm*`).
+            let nv = if std::env::var("KILN_CUDA_NORM_SERIAL").is_ok_and(|v| v == "1") {
+                "m"
+            } else {
+                "n"
+            };
+            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, nv), (&mut mvqsr, "r")] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
                     gpu.func(&format!("mvqs{v}8_{n}"))?,
@@ -717,6 +735,8 @@ impl Kernels {
             mvq2,
             mvqsn,
             mvqsr,
+            mvfn,
+            mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
             gather_kv_half: gpu.func("gather_kv_half")?,
@@ -1939,18 +1959,29 @@ impl CudaBackend {
         Some(fs[u.trailing_zeros() as usize - 2])
     }
 
-    /// The one-token GEMV doing `fuse` for `mat` (None: there is none).
-    /// Only the streaming kernel has fused versions: it stages x per
-    /// block anyway. (bf16 `mvf_*` versions, the norm taken per block on
-    /// a resident grid, measured slower than add_norm: 8B bf16 181 ->
-    /// 154 tok/s, 1B 876 -> 792; NOTES.md item 29.)
-    fn fused_kernel(&self, mat: &DMat, fuse: Fuse) -> Option<cudarc::driver::sys::CUfunction> {
-        let table = match fuse {
-            Fuse::None => &self.k.mvqs,
-            Fuse::Norm { .. } => &self.k.mvqsn,
-            Fuse::Residual => &self.k.mvqsr,
+    /// The one-token GEMV doing `fuse` for `mat` (None: there is none),
+    /// and whether it is a streaming one (`mvqs*`, MVQS_THREADS a block;
+    /// else `mvf*`, 8 warps). The streaming kernel stages x per block
+    /// anyway. Float weights only with `$KILN_CUDA_FUSE_NORM_F=1`
+    /// (experiment, NOTES.md item 31: item 29's bf16 versions lost).
+    fn fused_kernel(
+        &self,
+        mat: &DMat,
+        fuse: Fuse,
+    ) -> Option<(cudarc::driver::sys::CUfunction, bool)> {
+        let (streaming, float) = match fuse {
+            Fuse::None => (&self.k.mvqs, &self.k.mvf),
+            Fuse::Norm { .. } => (&self.k.mvqsn, &self.k.mvfn),
+            Fuse::Residual => (&self.k.mvqsr, &self.k.mvfr),
         };
-        self.streaming(table, mat, 1)
+        if let Some(f) = self.streaming(streaming, mat, 1) {
+            return Some((f, true));
+        }
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
+        float[mat.kernel]
+            .filter(|_| aligned16 && self.mv_path(1) && !self.uses_q8(mat))
+            .map(|f| (f, false))
     }
 
     /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
@@ -1983,7 +2014,7 @@ impl CudaBackend {
 
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
-        let f = self
+        let (f, streaming) = self
             .fused_kernel(mat, o.fuse)
             .ok_or_else(|| CudaError(format!("no fused one-token GEMV for {}", mat.ty)))?;
         let w = [
@@ -1998,10 +2029,12 @@ impl CudaBackend {
             Fuse::Norm { w: nw, eps } => {
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
             }
-            _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
+            _ if streaming => ArgList::of(&[&w, &self.xq_args(true), &out]),
+            _ => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
         };
-        let block = MVQS_THREADS;
-        let mut grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32);
+        // MVFN_THREADS (gemv.cu) for the float ones.
+        let block = if streaming { MVQS_THREADS } else { 256 };
+        let mut grid = mat.rows.div_ceil(block as usize / 32);
         if matches!(o.fuse, Fuse::Norm { .. }) {
             // What fits resident, each warp looping over rows: the block's
             // norm is taken once, behind its first weight loads. (A row per
