@@ -11,9 +11,8 @@
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
-#   bash bench/cuda/next_check.sh norm     # fused-norm staging: serial (KILN_CUDA_NORM_SERIAL=1) vs interleaved vs off, 1B/8B Q4_0
-#   bash bench/cuda/next_check.sh normf    # experiment: bf16 fused norm (KILN_CUDA_FUSE_NORM_F=1), bit-identity then tg256
-# Branch att-pre (eighth session): verify (full: the attention changed), ab, norm, normf.
+#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B Q4_0 and bf16
+# Eighth session: verify QUICK=1 (the fused-norm staging and float fused norm), ab, fused.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -64,28 +63,14 @@ boundary)
   for r in 1 2; do for v in 0 1; do for m in model-q4_0.gguf hf; do
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
-norm)
+fused)
   for S in Llama-3.2-1B Llama-3.1-8B; do
-    D=/tmp/nm-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
-    for r in 1 2; do for v in "KILN_CUDA_NORM_SERIAL=0" "KILN_CUDA_NORM_SERIAL=1" "KILN_CUDA_FUSE_NORM=0"; do
-      echo "$S $v $(env $v /tmp/kiln bench $D/model-q4_0.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-    done; done
+    D=/tmp/fu-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for v in 1 0; do for m in model-q4_0.gguf hf; do
+      echo "$S FUSE_NORM=$v $m $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done; done; done
     rm -rf $D
   done ;;
-normf)
-  # Experiment (NOTES.md item 31): the bf16 fused norm (KILN_CUDA_FUSE_NORM_F=1). Bit-identical
-  # first (fixtures' fused_check F16 row, 1B hf logits against main), then tg256.
-  export KILN_CUDA_FUSE_NORM_F=1
-  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks_normf.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'PASSED|FAILURES|add_norm fused' $OUT/checks_normf.txt
-  /tmp/kiln synth Llama-3.2-1B /tmp/nf1 --types q4_0 > /dev/null 2>&1
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
-  /tmp/cc_a --logits /tmp/nf1/hf "$IDS" /tmp/nfa.bin 2>/dev/null; /tmp/cc --logits /tmp/nf1/hf "$IDS" /tmp/nfb.bin 2>/dev/null
-  cmp -n $((3 * 24 * 128256 * 4)) /tmp/nfa.bin /tmp/nfb.bin && echo "hf fused-f: = main, bit for bit"
-  /tmp/kiln synth Llama-3.1-8B /tmp/nf8 --types q8_0 > /dev/null 2>&1
-  for S in nf1 nf8; do for r in 1 2; do for v in "KILN_CUDA_FUSE_NORM_F=0" "KILN_CUDA_FUSE_NORM_F=1" "KILN_CUDA_NORM_BLOCKS=2"; do
-    echo "$S $v $(env $v /tmp/kiln bench /tmp/$S/hf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.

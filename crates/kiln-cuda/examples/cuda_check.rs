@@ -870,12 +870,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     fused_check(&mut rows, "add_norm", GgmlType::Q4_0, |o, on| {
         o.fuse_norm = on
     });
-    // The float versions are an experiment, loaded only with this set.
-    if std::env::var("KILN_CUDA_FUSE_NORM_F").is_ok_and(|v| v == "1") {
-        fused_check(&mut rows, "add_norm", GgmlType::F16, |o, on| {
-            o.fuse_norm = on
-        });
-    }
+    fused_check(&mut rows, "add_norm", GgmlType::F16, |o, on| {
+        o.fuse_norm = on
+    });
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {

@@ -151,7 +151,7 @@ __device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, fl
 }
 
 #define MVFN_THREADS 256
-// Experiment (`$KILN_CUDA_FUSE_NORM_F=1`, NOTES.md item 31): mvf_impl with
+// CudaOptions::fuse_norm for float weights (NOTES.md item 31): mvf_impl with
 // the layer's RMSNorm inside, for float weights. x is the residual stream
 // (cols <= AN_THREADS * AN_V): the block takes its rms as add_norm does,
 // stages the normalized row once in shared memory, and its warps then read
@@ -244,7 +244,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     }
 }
 
-// mvf_* and its fused-norm (mvfn_*, experiment) and residual (mvfr_*) versions.
+// mvf_* and its fused-norm (mvfn_*) and residual (mvfr_*) versions.
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
@@ -817,9 +817,10 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
 // AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
 // order), which makes 32-value block warp + 16 k a warp's own. One round
 // trip for x; gw, the norm's weights, loaded by the caller before its PDL wait.
-// SERIAL (experiment, `mvqsm*`): the warp's blocks quantized one after
-// another, as the version that measured 1B Q4_0 +5.4% (NOTES.md item 29).
-template <bool SERIAL = false>
+// The warp's blocks are quantized interleaved (independent shuffle chains),
+// only as many as the row has: on a 2,048-column row half of a thread's
+// AN_V values are padding, and quantizing those too cost the 1B more than
+// quantizing the real ones one after another (NOTES.md item 31).
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     float xv[AN_V];
@@ -834,17 +835,12 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, co
     float finv = (float)(1.0 / sqrt(block_sum_d(s) / (double)cols + (double)eps));
 #pragma unroll
     for (int k = 0; k < AN_V; k++) xv[k] = rms_val(xv[k], finv, gw[k]);
-    int b0 = threadIdx.x >> 5;
-    if (SERIAL) {
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int b = b0 + k * (AN_THREADS / 32);
-            if (b < cols / 32) quant_q8_warp(xv[k], threadIdx.x & 31, (u64)b, (i8*)sq, sd, ss);
-        }
-    } else {
-        quant_q8_warps<AN_V, true>(xv, threadIdx.x & 31, (u64)b0, AN_THREADS / 32, (u64)(cols / 32), (i8*)sq, sd,
-                                   ss);
-    }
+    u64 b0 = threadIdx.x >> 5, nb = cols / 32;
+    int lane = threadIdx.x & 31;
+    if (cols <= AN_THREADS * AN_V / 2)
+        quant_q8_warps<AN_V / 2, true>(xv, lane, b0, AN_THREADS / 32, nb, (i8*)sq, sd, ss);
+    else
+        quant_q8_warps<AN_V, true>(xv, lane, b0, AN_THREADS / 32, nb, (i8*)sq, sd, ss);
     __syncthreads();
 }
 
@@ -862,7 +858,7 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
 // residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
 // Either replaces an add_norm launch.
-template <int T, int U, bool NORM = false, bool RES = false, bool SERIAL = false>
+template <int T, int U, bool NORM = false, bool RES = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -892,7 +888,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     PDL_ENTRY();
     if (NORM)
-        stage_norm_xq<SERIAL>(sq, sd, ss, xf, gw, eps, cols);
+        stage_norm_xq(sq, sd, ss, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;
@@ -938,12 +934,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                   const float* nw, float eps) {                        \
         mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
                                      nw, eps);                                                         \
-    }                                                                                                 \
-    extern "C" __global__ void mvqsm##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
-                                                  const float* x, float* y, const float* bias,         \
-                                                  const float* nw, float eps) {                        \
-        mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
-                                           x, nw, eps);                                                \
     }                                                                                                 \
     extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                   const i8* xq, const float* xd, const float* xs,      \

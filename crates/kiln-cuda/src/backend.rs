@@ -398,7 +398,8 @@ pub struct CudaOptions {
     /// gate|up GEMVs and add the O and down products to the residual
     /// stream in those GEMVs, instead of two `add_norm` launches a layer:
     /// models whose layer matrices all take the streaming GEMV (`mvqs*`:
-    /// Q4_0), which stages x per block anyway (logits bit-identical).
+    /// Q4_0), which stages x per block anyway, or are all float (`mvfn_*`,
+    /// `mvfr_*`: bf16, f16, f32); logits bit-identical.
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
 }
@@ -612,8 +613,7 @@ struct Kernels {
     /// residual add after ([`Fuse::Residual`]: `mvqsr*`), indexed as `mvqs`.
     mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
-    /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`:
-    /// an experiment, taken only with `$KILN_CUDA_FUSE_NORM_F=1`.
+    /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
@@ -674,17 +674,14 @@ impl Kernels {
         let mut mvqsr = vec![None; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfr = vec![None; 64];
-        let float_fused = std::env::var("KILN_CUDA_FUSE_NORM_F").is_ok_and(|v| v == "1");
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
-                if float_fused {
-                    mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
-                    mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
-                }
+                mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
+                mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
             if let Some(n) = mvq_type_name(ty) {
@@ -709,14 +706,7 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            // Experiment (NOTES.md item 29): `$KILN_CUDA_NORM_SERIAL=1`
-            // stages with the blocks quantized one after another (`mvqsm*`).
-            let nv = if std::env::var("KILN_CUDA_NORM_SERIAL").is_ok_and(|v| v == "1") {
-                "m"
-            } else {
-                "n"
-            };
-            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, nv), (&mut mvqsr, "r")] {
+            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
                     gpu.func(&format!("mvqs{v}8_{n}"))?,
@@ -1962,8 +1952,8 @@ impl CudaBackend {
     /// The one-token GEMV doing `fuse` for `mat` (None: there is none),
     /// and whether it is a streaming one (`mvqs*`, MVQS_THREADS a block;
     /// else `mvf*`, 8 warps). The streaming kernel stages x per block
-    /// anyway. Float weights only with `$KILN_CUDA_FUSE_NORM_F=1`
-    /// (experiment, NOTES.md item 31: item 29's bf16 versions lost).
+    /// anyway; the float one stages the normalized row once per block
+    /// (NOTES.md item 31; item 29's per-row bf16 versions lost).
     fn fused_kernel(
         &self,
         mat: &DMat,
