@@ -121,6 +121,49 @@ __device__ __forceinline__ void quant_q8_warp(float v, int lane, u64 b, i8* q, f
     quant_q8_warps<1, false>(&v, lane, b, 0, 0, q, d, s);
 }
 
+// A row's len values (len % 32 == 0), staged as floats in shared memory sv
+// by the whole block (called by all its threads after the __syncthreads
+// that follows the writes), to 8 bits as blocks b0, b0 + 1, ...: the same
+// d, q and s as quant_q8_warps, bit for bit (a max and an integer sum do
+// not depend on order), but four threads a block with 8 values each, so a
+// reduction is 2 shuffles instead of 5 and a block's chains 2 x 2 instead
+// of 2 x 5. (Lane-per-value chains, serial or interleaved, were most of a
+// norm's time on one SM: 8 x 10 dependent shuffles a warp at the 8B shape.)
+__device__ __forceinline__ void quant_q8_shared(const float* sv, int len, u64 b0, i8* q, float* d, float* s) {
+    int n8 = len >> 3;
+    for (int j0 = 0; j0 < n8; j0 += blockDim.x) {
+        int j = j0 + threadIdx.x;
+        bool on = j < n8;
+        float v[8];
+        float4 lo = on ? ((const float4*)sv)[2 * j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 hi = on ? ((const float4*)sv)[2 * j + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(v[k]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        float dd = amax / 127.0f;
+        float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        int sum = 0;
+        u32 w[2] = {0u, 0u};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int qi = __float2int_rn(v[k] * id);
+            sum += qi;
+            w[k >> 2] |= ((u32)qi & 0xffu) << (8 * (k & 3));
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        u64 b = b0 + (j >> 2);
+        if (on) *(uint2*)(q + b * 32 + (j & 3) * 8) = make_uint2(w[0], w[1]);
+        if (on && (j & 3) == 0) {
+            d[b] = dd;
+            s[b] = dd * (float)sum;
+        }
+    }
+}
+
 // add_norm's block (threads) and values per thread held in registers (ops.cu);
 // the GEMVs that take its RMSNorm over (gemv.cu, stage_norm_xq) sum as it does.
 #define AN_THREADS 512

@@ -815,13 +815,10 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
 // residual stream) normalized and quantized into the block's shared memory
 // exactly as add_norm does it for the next GEMV: thread j holds values j +
 // AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
-// order), which makes 32-value block warp + 16 k a warp's own. One round
-// trip for x; gw, the norm's weights, loaded by the caller before its PDL wait.
-// The warp's blocks are quantized interleaved (independent shuffle chains),
-// only as many as the row has: on a 2,048-column row half of a thread's
-// AN_V values are padding, and quantizing those too cost the 1B more than
-// quantizing the real ones one after another (NOTES.md item 31).
-__device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, const float* __restrict__ x,
+// order), then the normalized row goes through sx to quant_q8_shared. One
+// round trip for x; gw, the norm's weights, loaded by the caller before its
+// PDL wait.
+__device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     float xv[AN_V];
     double s = 0.0;
@@ -834,13 +831,12 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, co
     for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
     float finv = (float)(1.0 / sqrt(block_sum_d(s) / (double)cols + (double)eps));
 #pragma unroll
-    for (int k = 0; k < AN_V; k++) xv[k] = rms_val(xv[k], finv, gw[k]);
-    u64 b0 = threadIdx.x >> 5, nb = cols / 32;
-    int lane = threadIdx.x & 31;
-    if (cols <= AN_THREADS * AN_V / 2)
-        quant_q8_warps<AN_V / 2, true>(xv, lane, b0, AN_THREADS / 32, nb, (i8*)sq, sd, ss);
-    else
-        quant_q8_warps<AN_V, true>(xv, lane, b0, AN_THREADS / 32, nb, (i8*)sq, sd, ss);
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * AN_THREADS;
+        if (i < cols) sx[i] = rms_val(xv[k], finv, gw[k]);
+    }
+    __syncthreads();
+    quant_q8_shared(sx, cols, 0, (i8*)sq, sd, ss);
     __syncthreads();
 }
 
@@ -866,6 +862,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                           const float* __restrict__ normw = nullptr, float eps = 0.0f) {
     __shared__ int4 sq[MVQS_COLS / 16];
     __shared__ float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
+    __shared__ float4 sx[NORM ? AN_THREADS * AN_V / 4 : 1];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nw = blockDim.x >> 5;
     int r = blockIdx.x * nw + warp, rstep = gridDim.x * nw;
@@ -888,7 +885,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     PDL_ENTRY();
     if (NORM)
-        stage_norm_xq(sq, sd, ss, xf, gw, eps, cols);
+        stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
     float acc = 0.0f;

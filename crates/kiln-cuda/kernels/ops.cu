@@ -175,7 +175,8 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
         reg_stats<AN_V, CL>(xv, len, hid, kind, eps, &mean, &inv);
         float finv = (float)inv;
         float* o = out + (u64)t * hid + base;
-        int lane = threadIdx.x & 31;
+        __shared__ float4 sv4[AN_THREADS * AN_V / 4];
+        float* sv = (float*)sv4;
 #pragma unroll
         for (int k = 0; k < AN_V; k++) {
             int i = threadIdx.x + k * blockDim.x;
@@ -185,9 +186,13 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
                     oh[(u64)t * hid + base + i] = f2half(v, fmt);
                 else
                     o[i] = v;
-                // A warp holds 32 consecutive, aligned values (hid % 32 == 0 with q).
-                if (q) quant_q8_warp(v, lane, (u64)t * (hid >> 5) + ((base + i) >> 5), q, qd, qs);
+                if (q) sv[i] = v;
             }
+        }
+        // hid % 32 == 0 with q, and base a multiple of 32 (add_norm_cl).
+        if (q) {
+            __syncthreads();
+            quant_q8_shared(sv, len, (u64)t * (hid >> 5) + (base >> 5), q, qd, qs);
         }
     }
 }
