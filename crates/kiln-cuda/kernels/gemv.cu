@@ -68,6 +68,40 @@ __device__ __forceinline__ void dec16<T_BF16>(uint4 v, float* w) {
 // software pipeline all measured slower (crates/kiln-cuda/NOTES.md run 49).
 #define MVF_UNROLL 4
 
+// Row wr's dot product with x (chunks 16-byte chunks of weights, the
+// lane's first MVF_UNROLL already in wv), x read through L1 (__ldg) or, with
+// SH, from shared memory: the same sums in the same order either way.
+template <int T, bool SH>
+__device__ __forceinline__ float mvf_row(const uint4* __restrict__ wr, int chunks, int lane, uint4* wv,
+                                         const float4* __restrict__ x) {
+    constexpr int E = T == T_F32 ? 4 : 8;
+    float acc = 0.0f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
+        if (c0 != lane) {
+#pragma unroll
+            for (int k = 0; k < MVF_UNROLL; k++) {
+                int c = c0 + 32 * k;
+                if (c < chunks) wv[k] = ld_stream16(wr + c);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MVF_UNROLL; k++) {
+            int c = c0 + 32 * k;
+            if (c < chunks) {
+                float w[E];
+                dec16<T>(wv[k], w);
+                const float4* xp = x + c * (E / 4);
+#pragma unroll
+                for (int i = 0; i < E / 4; i++) {
+                    float4 v = SH ? xp[i] : __ldg(xp + i);
+                    acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+            }
+        }
+    }
+    return acc;
+}
+
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
 // RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
@@ -91,31 +125,7 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
         if (c < chunks) wv[k] = ld_stream16(wr + c);
     }
     PDL_ENTRY();
-    float acc = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
-        if (c0 != lane) {
-#pragma unroll
-            for (int k = 0; k < MVF_UNROLL; k++) {
-                int c = c0 + 32 * k;
-                if (c < chunks) wv[k] = ld_stream16(wr + c);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < MVF_UNROLL; k++) {
-            int c = c0 + 32 * k;
-            if (c < chunks) {
-                float w[E];
-                dec16<T>(wv[k], w);
-                const float4* xp = (const float4*)(x + (u64)c * E);
-#pragma unroll
-                for (int i = 0; i < E / 4; i++) {
-                    float4 v = __ldg(xp + i);
-                    acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
-                }
-            }
-        }
-    }
-    acc = warp_sum(acc);
+    float acc = warp_sum(mvf_row<T, false>(wr, chunks, lane, wv, (const float4*)x));
     if (lane == 0) {
         float o = acc + (bias ? bias[r] : 0.0f);
         y[r] = RES ? y[r] + o : o;
@@ -204,31 +214,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     }
     __syncthreads();
     while (r < rows) {
-        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
-        float acc = 0.0f;
-        for (int c0 = lane; c0 < chunks; c0 += 32 * MVF_UNROLL) {
-            if (c0 != lane) {
-#pragma unroll
-                for (int k = 0; k < MVF_UNROLL; k++) {
-                    int c = c0 + 32 * k;
-                    if (c < chunks) wv[k] = ld_stream16(wr + c);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < MVF_UNROLL; k++) {
-                int c = c0 + 32 * k;
-                if (c < chunks) {
-                    float w[E];
-                    dec16<T>(wv[k], w);
-                    const float4* xp = sx + c * (E / 4);
-#pragma unroll
-                    for (int i = 0; i < E / 4; i++) {
-                        float4 v = xp[i];
-                        acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
-                    }
-                }
-            }
-        }
+        float acc = mvf_row<T, true>((const uint4*)(W + (u64)r * row_bytes), chunks, lane, wv, sx);
         int rn = r + rstep;
         if (rn < rows) {
             const uint4* wn = (const uint4*)(W + (u64)rn * row_bytes);
