@@ -870,9 +870,15 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     fused_check(&mut rows, "add_norm", GgmlType::Q4_0, |o, on| {
         o.fuse_norm = on
     });
-    fused_check(&mut rows, "add_norm", GgmlType::F16, |o, on| {
-        o.fuse_norm = on
-    });
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ] {
+        fused_check(&mut rows, "add_norm", ty, |o, on| o.fuse_norm = on);
+    }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {

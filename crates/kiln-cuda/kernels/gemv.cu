@@ -697,7 +697,9 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
 // waiting for x, so they overlap the previous kernel under programmatic
 // dependent launch, and each later round trip brings as many again.
 // Units are still summed in increasing order per lane, as in mvq_impl.
-template <int T, int U = Rq<T>::UW / Rq<T>::QW>
+// RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
+// add_norm adds it (CudaOptions::fuse_norm, `mvqa_*`).
+template <int T, int U = Rq<T>::UW / Rq<T>::QW, bool RES = false>
 __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -731,13 +733,20 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+    if (lane == 0) {
+        float o = acc + (bias ? bias[r] : 0.0f);
+        y[r] = RES ? y[r] + o : o;
+    }
 }
 
 #define MVQR(TNAME, T)                                                                                \
     extern "C" __global__ void mvq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
                                            const float* xd, const float* xs, float* y, const float* bias) { \
         mvqr_impl<T>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                    \
+    }                                                                                                 \
+    extern "C" __global__ void mvqa_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
+                                            const float* xd, const float* xs, float* y, const float* bias) { \
+        mvqr_impl<T, Rq<T>::UW / Rq<T>::QW, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);      \
     }
 
 #define MVQ(TNAME, T)                                                                                 \
@@ -768,6 +777,10 @@ MVQR(q5_kr, T_Q5_KR)
 extern "C" __global__ void mvq2_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
                                       const float* xd, const float* xs, float* y, const float* bias) {
     mvqr_impl<T_Q6_KR, 2>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
+}
+extern "C" __global__ void mvqa2_q6_kr(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,
+                                       const float* xd, const float* xs, float* y, const float* bias) {
+    mvqr_impl<T_Q6_KR, 2, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
 }
 
 // Streaming one-token GEMV for the repacked types (rows of at most
@@ -906,18 +919,27 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 }
 
+// The fused norm's GEMV (CudaOptions::fuse_norm): the streaming kernel
+// staging the normalized x on a resident grid. Instantiated with MVQS, and
+// below it for the types whose plain one-token GEMV is the register-preloading
+// mvqr_impl, with U units a lane in flight as mvqr_impl has them (the same
+// words in flight; units summed in the same order, so the same bits; their
+// residual adds are mvqr_impl's, `mvqa_*`).
+#define MVQSN(TNAME, T, U)                                                                            \
+    extern "C" __global__ void mvqsn##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const float* x, float* y, const float* bias,         \
+                                                  const float* nw, float eps) {                        \
+        mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
+                                     nw, eps);                                                         \
+    }
+
 #define MVQS(TNAME, T, U)                                                                             \
     extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
                                                  const i8* xq, const float* xd, const float* xs, float* y, \
                                                  const float* bias) {                                  \
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }                                                                                                 \
-    extern "C" __global__ void mvqsn##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
-                                                  const float* x, float* y, const float* bias,         \
-                                                  const float* nw, float eps) {                        \
-        mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
-                                     nw, eps);                                                         \
-    }                                                                                                 \
+    MVQSN(TNAME, T, U)                                                                                \
     extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                   const i8* xq, const float* xd, const float* xs,      \
                                                   float* y, const float* bias) {                       \
@@ -925,6 +947,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
+
+MVQSN(q8_0r, T_Q8_0R, 2)
+MVQSN(q4_kr, T_Q4_KR, 2)
+MVQSN(q5_kr, T_Q5_KR, 2)
+MVQSN(q6_kr, T_Q6_KR, 4)
+MVQSN(q6_kr, T_Q6_KR, 2)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.

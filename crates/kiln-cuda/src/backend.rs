@@ -230,6 +230,31 @@ pub(crate) fn mvqs_kernel(
     }
 }
 
+/// The fused-norm kernels (`mvqsn{U}_*`, the staging streaming kernel) and
+/// residual-add kernels (`mvqa_*`) of the types whose one-token GEMV is the
+/// register-preloading `mvq_*r`: kernel-table index, name suffix and units
+/// a lane in flight (`mvqr_impl`'s, so the same words in flight).
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 4] {
+    let r = |t: GgmlType| REPACKED + t.id() as usize;
+    [
+        (r(GgmlType::Q8_0), "q8_0r", 2),
+        (r(GgmlType::Q4K), "q4_kr", 2),
+        (r(GgmlType::Q5K), "q5_kr", 2),
+        (r(GgmlType::Q6K), "q6_kr", 4),
+    ]
+}
+
+/// How a [`CudaBackend::fused_kernel`] launches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FusedLaunch {
+    /// The streaming kernel (`mvqs*`): MVQS_THREADS a block, x staged.
+    Staged,
+    /// The register-preloading `mvqa_*`: 8 warps, a row each, 8-bit x.
+    Preload,
+    /// The float kernels (`mvf*`): 8 warps, f32 x.
+    Float,
+}
+
 /// Widest row the two-units-in-flight one-token GEMV (`mvq2_*`) takes.
 const MVQ_NARROW_COLS: usize = 2048;
 
@@ -397,9 +422,10 @@ pub struct CudaOptions {
     /// Steps of one token take each layer's RMSNorms inside the QKV and
     /// gate|up GEMVs and add the O and down products to the residual
     /// stream in those GEMVs, instead of two `add_norm` launches a layer:
-    /// models whose layer matrices all take the streaming GEMV (`mvqs*`:
-    /// Q4_0), which stages x per block anyway, or are all float (`mvfn_*`,
-    /// `mvfr_*`: bf16, f16, f32); logits bit-identical.
+    /// models whose layer matrices are all repacked Q4_0 (the streaming
+    /// GEMV, which stages x per block anyway), Q8_0 / Q4_K / Q5_K / Q6_K
+    /// (`mvqsn*` staging, `mvqa_*` adding) or float (`mvfn_*`, `mvfr_*`);
+    /// logits bit-identical.
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
 }
@@ -613,6 +639,11 @@ struct Kernels {
     /// residual add after ([`Fuse::Residual`]: `mvqsr*`), indexed as `mvqs`.
     mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// The same for the `mvq_*r` types ([`mvqp_fused_types`]): the norm
+    /// staged (`mvqsn{U}_*`), the residual add after `mvqr_impl`
+    /// (`mvqa_*`); indexed as `mvq`, [for `mvq`, for `mvq2`].
+    mvqpn: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
+    mvqa: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -672,6 +703,8 @@ impl Kernels {
         let mut mvq2 = vec![None; 64];
         let mut mvqsn = vec![None; 64];
         let mut mvqsr = vec![None; 64];
+        let mut mvqpn = vec![[None; 2]; 64];
+        let mut mvqa = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -715,6 +748,12 @@ impl Kernels {
         }
         for (id, n) in mvq2_types() {
             mvq2[id] = Some(gpu.func(&format!("mvq2_{n}"))?);
+            mvqpn[id][1] = Some(gpu.func(&format!("mvqsn2_{n}"))?);
+            mvqa[id][1] = Some(gpu.func(&format!("mvqa2_{n}"))?);
+        }
+        for (id, n, u) in mvqp_fused_types() {
+            mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
+            mvqa[id][0] = Some(gpu.func(&format!("mvqa_{n}"))?);
         }
         Ok(Kernels {
             mm,
@@ -725,6 +764,8 @@ impl Kernels {
             mvq2,
             mvqsn,
             mvqsr,
+            mvqpn,
+            mvqa,
             mvfn,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -1950,28 +1991,44 @@ impl CudaBackend {
     }
 
     /// The one-token GEMV doing `fuse` for `mat` (None: there is none),
-    /// and whether it is a streaming one (`mvqs*`, MVQS_THREADS a block;
-    /// else `mvf*`, 8 warps). The streaming kernel stages x per block
-    /// anyway; the float one stages the normalized row once per block
-    /// (NOTES.md item 31; item 29's per-row bf16 versions lost).
+    /// and how it launches. The streaming kernel stages x per block anyway
+    /// (Q4_0); the `mvq_*r` types get its norm-staging version and a
+    /// residual add after their own kernel; the float one stages the
+    /// normalized row once per block (NOTES.md item 31; item 29's per-row
+    /// bf16 versions lost).
     fn fused_kernel(
         &self,
         mat: &DMat,
         fuse: Fuse,
-    ) -> Option<(cudarc::driver::sys::CUfunction, bool)> {
-        let (streaming, float) = match fuse {
-            Fuse::None => (&self.k.mvqs, &self.k.mvf),
-            Fuse::Norm { .. } => (&self.k.mvqsn, &self.k.mvfn),
-            Fuse::Residual => (&self.k.mvqsr, &self.k.mvfr),
+    ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
+        let (streaming, preload, float) = match fuse {
+            Fuse::None => (&self.k.mvqs, None, &self.k.mvf),
+            Fuse::Norm { .. } => (
+                &self.k.mvqsn,
+                Some((&self.k.mvqpn, FusedLaunch::Staged)),
+                &self.k.mvfn,
+            ),
+            Fuse::Residual => (
+                &self.k.mvqsr,
+                Some((&self.k.mvqa, FusedLaunch::Preload)),
+                &self.k.mvfr,
+            ),
         };
         if let Some(f) = self.streaming(streaming, mat, 1) {
-            return Some((f, true));
+            return Some((f, FusedLaunch::Staged));
+        }
+        if self.mv_path(1) && self.uses_q8(mat) {
+            // As `mm` picks `mvq2` over `mvq`.
+            let narrow = mvq_narrow(mat.ty, mat.kernel >= REPACKED, mat.cols);
+            let [plain, two] = preload.map_or([None; 2], |(t, _)| t[mat.kernel]);
+            let f = two.filter(|_| narrow).or(plain)?;
+            return preload.map(|(_, l)| (f, l));
         }
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
         float[mat.kernel]
-            .filter(|_| aligned16 && self.mv_path(1) && !self.uses_q8(mat))
-            .map(|f| (f, false))
+            .filter(|_| aligned16 && self.mv_path(1))
+            .map(|f| (f, FusedLaunch::Float))
     }
 
     /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
@@ -2004,7 +2061,7 @@ impl CudaBackend {
 
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
-        let (f, streaming) = self
+        let (f, launch) = self
             .fused_kernel(mat, o.fuse)
             .ok_or_else(|| CudaError(format!("no fused one-token GEMV for {}", mat.ty)))?;
         let w = [
@@ -2019,11 +2076,14 @@ impl CudaBackend {
             Fuse::Norm { w: nw, eps } => {
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
             }
-            _ if streaming => ArgList::of(&[&w, &self.xq_args(true), &out]),
-            _ => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
+            _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
+            _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
         };
-        // MVFN_THREADS (gemv.cu) for the float ones.
-        let block = if streaming { MVQS_THREADS } else { 256 };
+        // MVFN_THREADS (gemv.cu) for the float ones, 8 warps for `mvqa_*`.
+        let block = match launch {
+            FusedLaunch::Staged => MVQS_THREADS,
+            FusedLaunch::Preload | FusedLaunch::Float => 256,
+        };
         let mut grid = mat.rows.div_ceil(block as usize / 32);
         if matches!(o.fuse, Fuse::Norm { .. }) {
             // What fits resident, each warp looping over rows: the block's
