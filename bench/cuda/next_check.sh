@@ -12,7 +12,9 @@
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
 #   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q8_0 q4_k_m hf)
-# Branch fuse-k (ninth session): QUICK=1 verify (fixtures' fused_check rows Q8_0 / Q4_K / Q5_K / Q6_K, logits = main), fused, ab with AB_TYPES="q8_0 q4_k_m".
+#   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
+# Branch fuse-k (ninth session, NOTES.md items 33-34): QUICK=1 verify (fused_check rows Q8_0 / Q4_K / Q5_K / Q6_K,
+# logits = main), fused, AB_TYPES="q8_0 q4_k_m" ab, attrev.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -73,6 +75,15 @@ fused)
     done; done; done
     rm -rf $D
   done ;;
+attrev)
+  # NOTES.md item 32: which step cost 1B Q8_0 1.1%. kiln_c is main with the decode attention
+  # from before item 30 (branch att-revert).
+  xz -dc .device/kiln_c.xz > /tmp/kiln_c && chmod +x /tmp/kiln_c
+  D=/tmp/ar; /tmp/kiln_a synth Llama-3.2-1B $D --types q8_0,q4_0 > /dev/null 2>&1; date -u +%T
+  for r in 1 2; do for b in kiln_a kiln_c; do for t in q8_0 hf q4_0; do
+    m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+    echo "1B $b $t $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
