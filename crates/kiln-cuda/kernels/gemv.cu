@@ -162,7 +162,7 @@ __device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, fl
 
 #define MVFN_THREADS 256
 // CudaOptions::fuse_norm for float weights (NOTES.md item 31): mvf_impl with
-// the layer's RMSNorm inside, for float weights. x is the residual stream
+// the layer's RMSNorm inside. x is the residual stream
 // (cols <= AN_THREADS * AN_V): the block takes its rms as add_norm does,
 // stages the normalized row once in shared memory, and its warps then read
 // x there as mvf_impl reads it from L1 (the same values, the same sums).
