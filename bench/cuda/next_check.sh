@@ -11,10 +11,11 @@
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
-#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B Q4_0 and bf16
+#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q8_0 q4_k_m hf)
 #   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
 #   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
-# Eighth session: verify QUICK=1 (the fused-norm staging and float fused norm), ab, fused.
+# Ninth session (NOTES.md items 33-35), one run each: on branch fuse-k QUICK=1 verify (its fused_check rows,
+# logits = main), fused, AB_TYPES="q8_0 q4_k_m" ab; then ring (att-ring), attrev (att-revert).
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -68,10 +69,12 @@ boundary)
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
 fused)
+  FT=${FUSED_TYPES:-q4_0 q8_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
   for S in Llama-3.2-1B Llama-3.1-8B; do
-    D=/tmp/fu-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
-    for r in 1 2; do for v in 1 0; do for m in model-q4_0.gguf hf; do
-      echo "$S FUSE_NORM=$v $m $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    D=/tmp/fu-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for v in 1 0; do for t in $FT; do
+      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      echo "$S FUSE_NORM=$v $t $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done; done; done
     rm -rf $D
   done ;;
