@@ -868,15 +868,13 @@ pub(crate) unsafe fn rows_bf16(j: &FJob<'_>) {
 
 // ---- attention ----------------------------------------------------------
 
-/// `[k0·q, k1·q, k2·q, k3·q]` over `len` f32 (two accumulators per row:
-/// eight independent FMA chains).
+/// `[k0·q, k1·q, k2·q, k3·q]` over `q.len()` values of four K rows stored
+/// as `L` (two accumulators per row: eight independent FMA chains).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn dot4_f32(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+unsafe fn dot4_kv<L: Load8>(k: [*const u8; 4], q: &[f32]) -> [f32; 4] {
     let len = q.len();
-    debug_assert!(k.iter().all(|r| r.len() >= len));
     let qp = q.as_ptr();
-    let kp = [k[0].as_ptr(), k[1].as_ptr(), k[2].as_ptr(), k[3].as_ptr()];
     let mut a = [_mm256_setzero_ps(); 4];
     let mut b = [_mm256_setzero_ps(); 4];
     let mut i = 0;
@@ -884,15 +882,15 @@ pub(crate) unsafe fn dot4_f32(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
         let q0 = _mm256_loadu_ps(qp.add(i));
         let q1 = _mm256_loadu_ps(qp.add(i + 8));
         for r in 0..4 {
-            a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(kp[r].add(i)), q0, a[r]);
-            b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(kp[r].add(i + 8)), q1, b[r]);
+            a[r] = _mm256_fmadd_ps(L::load8(k[r], i), q0, a[r]);
+            b[r] = _mm256_fmadd_ps(L::load8(k[r], i + 8), q1, b[r]);
         }
         i += 16;
     }
     if i + 8 <= len {
         let q0 = _mm256_loadu_ps(qp.add(i));
         for r in 0..4 {
-            a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(kp[r].add(i)), q0, a[r]);
+            a[r] = _mm256_fmadd_ps(L::load8(k[r], i), q0, a[r]);
         }
         i += 8;
     }
@@ -900,40 +898,66 @@ pub(crate) unsafe fn dot4_f32(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
     for r in 0..4 {
         let mut s = hsum(_mm256_add_ps(a[r], b[r]));
         for j in i..len {
-            s += *kp[r].add(j) * *qp.add(j);
+            s += L::scalar(k[r], j) * *qp.add(j);
         }
         out[r] = s;
     }
     out
 }
 
-/// `y += p[0]·v[0] + p[1]·v[1] + p[2]·v[2] + p[3]·v[3]`.
+/// `y += p[0]·v[0] + p[1]·v[1] + p[2]·v[2] + p[3]·v[3]` over `y.len()`
+/// values of four V rows stored as `L`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn axpy4_f32(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+unsafe fn axpy4_kv<L: Load8>(y: &mut [f32], p: [f32; 4], v: [*const u8; 4]) {
     let len = y.len();
-    debug_assert!(v.iter().all(|r| r.len() >= len));
     let yp = y.as_mut_ptr();
-    let vp = [v[0].as_ptr(), v[1].as_ptr(), v[2].as_ptr(), v[3].as_ptr()];
-    let pv = [
-        _mm256_set1_ps(p[0]),
-        _mm256_set1_ps(p[1]),
-        _mm256_set1_ps(p[2]),
-        _mm256_set1_ps(p[3]),
-    ];
+    let pv = p.map(|x| _mm256_set1_ps(x));
     let mut i = 0;
     while i + 8 <= len {
         let mut acc = _mm256_loadu_ps(yp.add(i));
         for r in 0..4 {
-            acc = _mm256_fmadd_ps(pv[r], _mm256_loadu_ps(vp[r].add(i)), acc);
+            acc = _mm256_fmadd_ps(pv[r], L::load8(v[r], i), acc);
         }
         _mm256_storeu_ps(yp.add(i), acc);
         i += 8;
     }
     for j in i..len {
-        *yp.add(j) += p[0] * *vp[0].add(j)
-            + p[1] * *vp[1].add(j)
-            + p[2] * *vp[2].add(j)
-            + p[3] * *vp[3].add(j);
+        *yp.add(j) += p[0] * L::scalar(v[0], j)
+            + p[1] * L::scalar(v[1], j)
+            + p[2] * L::scalar(v[2], j)
+            + p[3] * L::scalar(v[3], j);
     }
+}
+
+/// [`dot4_kv`] of f32 rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn dot4_f32(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+    debug_assert!(k.iter().all(|r| r.len() >= q.len()));
+    dot4_kv::<F32w>(k.map(|r| r.as_ptr() as *const u8), q)
+}
+
+/// [`axpy4_kv`] of f32 rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn axpy4_f32(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+    debug_assert!(v.iter().all(|r| r.len() >= y.len()));
+    axpy4_kv::<F32w>(y, p, v.map(|r| r.as_ptr() as *const u8))
+}
+
+/// [`dot4_kv`] of f16 rows (the f16 KV cache).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn dot4_f16(k: [&[u16]; 4], q: &[f32]) -> [f32; 4] {
+    debug_assert!(k.iter().all(|r| r.len() >= q.len()));
+    dot4_kv::<F16w>(k.map(|r| r.as_ptr() as *const u8), q)
+}
+
+/// [`axpy4_kv`] of f16 rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn axpy4_f16(y: &mut [f32], p: [f32; 4], v: [&[u16]; 4]) {
+    debug_assert!(v.iter().all(|r| r.len() >= y.len()));
+    axpy4_kv::<F16w>(y, p, v.map(|r| r.as_ptr() as *const u8))
 }

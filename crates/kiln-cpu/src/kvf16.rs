@@ -197,7 +197,7 @@ impl KvEl for u16 {
     unsafe fn dot4(k: [&[u16]; 4], q: &[f32]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { dot4_f16(k, q) };
+        return unsafe { crate::avx2::dot4_f16(k, q) };
         #[cfg(not(target_arch = "x86_64"))]
         [
             Self::dot(q, k[0]),
@@ -210,81 +210,11 @@ impl KvEl for u16 {
     unsafe fn axpy4(y: &mut [f32], p: [f32; 4], v: [&[u16]; 4]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { axpy4_f16(y, p, v) };
+        return unsafe { crate::avx2::axpy4_f16(y, p, v) };
         #[cfg(not(target_arch = "x86_64"))]
         for r in 0..4 {
             Self::axpy(y, p[r], v[r]);
         }
-    }
-}
-
-/// Four f16 keys against one f32 query: 8 FMA chains, as `dot4_f32`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot4_f16(k: [&[u16]; 4], q: &[f32]) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let len = q.len();
-    debug_assert!(k.iter().all(|r| r.len() >= len));
-    let qp = q.as_ptr();
-    let kp = [k[0].as_ptr(), k[1].as_ptr(), k[2].as_ptr(), k[3].as_ptr()];
-    let ld = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-    let mut a = [_mm256_setzero_ps(); 4];
-    let mut b = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 16 <= len {
-        let q0 = _mm256_loadu_ps(qp.add(i));
-        let q1 = _mm256_loadu_ps(qp.add(i + 8));
-        for r in 0..4 {
-            a[r] = _mm256_fmadd_ps(ld(kp[r].add(i)), q0, a[r]);
-            b[r] = _mm256_fmadd_ps(ld(kp[r].add(i + 8)), q1, b[r]);
-        }
-        i += 16;
-    }
-    if i + 8 <= len {
-        let q0 = _mm256_loadu_ps(qp.add(i));
-        for r in 0..4 {
-            a[r] = _mm256_fmadd_ps(ld(kp[r].add(i)), q0, a[r]);
-        }
-        i += 8;
-    }
-    let mut out = [0.0f32; 4];
-    for r in 0..4 {
-        let mut s = crate::avx2::hsum(_mm256_add_ps(a[r], b[r]));
-        for j in i..len {
-            s += f16_to_f32(*kp[r].add(j)) * *qp.add(j);
-        }
-        out[r] = s;
-    }
-    out
-}
-
-/// `y += Σ p[r]·v[r]` over four f16 rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn axpy4_f16(y: &mut [f32], p: [f32; 4], v: [&[u16]; 4]) {
-    use std::arch::x86_64::*;
-    let len = y.len();
-    debug_assert!(v.iter().all(|r| r.len() >= len));
-    let yp = y.as_mut_ptr();
-    let vp = [v[0].as_ptr(), v[1].as_ptr(), v[2].as_ptr(), v[3].as_ptr()];
-    let ld = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-    let pv = p.map(|x| _mm256_set1_ps(x));
-    let mut i = 0;
-    while i + 8 <= len {
-        let mut acc = _mm256_loadu_ps(yp.add(i));
-        for r in 0..4 {
-            acc = _mm256_fmadd_ps(pv[r], ld(vp[r].add(i)), acc);
-        }
-        _mm256_storeu_ps(yp.add(i), acc);
-        i += 8;
-    }
-    for j in i..len {
-        *yp.add(j) += p[0] * f16_to_f32(*vp[0].add(j))
-            + p[1] * f16_to_f32(*vp[1].add(j))
-            + p[2] * f16_to_f32(*vp[2].add(j))
-            + p[3] * f16_to_f32(*vp[3].add(j));
     }
 }
 
