@@ -873,6 +873,10 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     fused_check(&mut rows, "add_norm", GgmlType::F16, |o, on| {
         o.fuse_norm = on
     });
+    // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
+    fused_check(&mut rows, "act_mul", GgmlType::Q4_0, |o, on| {
+        o.fuse_glu = on
+    });
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {

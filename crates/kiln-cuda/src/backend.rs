@@ -402,6 +402,11 @@ pub struct CudaOptions {
     /// `mvfr_*`: bf16, f16, f32); logits bit-identical.
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
+    /// With `fuse_norm`, gated FFNs whose gate|up product takes the
+    /// streaming GEMV also do `act_mul`'s work there (the activation, the
+    /// product and the down projection's 8-bit x): one launch a layer
+    /// fewer, logits bit-identical. `$KILN_CUDA_FUSE_GLU=0` turns it off.
+    pub fuse_glu: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -438,6 +443,7 @@ impl Default for CudaOptions {
             invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
             fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
             fuse_norm: std::env::var("KILN_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
+            fuse_glu: std::env::var("KILN_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -538,7 +544,19 @@ enum Fuse {
     },
     /// y is the residual stream: add the product to it.
     Residual,
+    /// `Norm` for a gated FFN's gate|up product (rows: gate, then up),
+    /// doing `act_mul`'s work as well (activation `act`, `act_kind`): the
+    /// down product's 8-bit x goes to `s.xq`, y is not written.
+    NormGlu {
+        w: u64,
+        eps: f32,
+        act: i32,
+    },
 }
+
+/// Ranges of 32 gate|up outputs one block of a `mvqsg*` takes at most
+/// (GLU_RANGES in gemv.cu).
+const MVQS_GLU_RANGES: usize = 8;
 
 /// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
 struct DMat {
@@ -613,6 +631,8 @@ struct Kernels {
     /// residual add after ([`Fuse::Residual`]: `mvqsr*`), indexed as `mvqs`.
     mvqsn: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqsr: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`).
+    mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -672,6 +692,7 @@ impl Kernels {
         let mut mvq2 = vec![None; 64];
         let mut mvqsn = vec![None; 64];
         let mut mvqsr = vec![None; 64];
+        let mut mvqsg = vec![None; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -706,7 +727,12 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
+            for (table, v) in [
+                (&mut mvqs, ""),
+                (&mut mvqsn, "n"),
+                (&mut mvqsr, "r"),
+                (&mut mvqsg, "g"),
+            ] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
                     gpu.func(&format!("mvqs{v}8_{n}"))?,
@@ -725,6 +751,7 @@ impl Kernels {
             mvq2,
             mvqsn,
             mvqsr,
+            mvqsg,
             mvfn,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -895,6 +922,8 @@ pub struct CudaBackend {
     /// See [`CudaOptions::fuse_norm`]; false where the model does not
     /// allow it ([`CudaBackend::norm_fusable`]).
     fuse_norm: bool,
+    /// See [`CudaOptions::fuse_glu`] (taken per layer where it applies).
+    fuse_glu: bool,
     /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
     /// default: as many as fit).
     norm_blocks: Option<usize>,
@@ -1757,6 +1786,7 @@ impl CudaBackend {
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
             fuse_norm: false,
+            fuse_glu: opts.fuse_glu,
             norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -1963,6 +1993,10 @@ impl CudaBackend {
             Fuse::None => (&self.k.mvqs, &self.k.mvf),
             Fuse::Norm { .. } => (&self.k.mvqsn, &self.k.mvfn),
             Fuse::Residual => (&self.k.mvqsr, &self.k.mvfr),
+            // No float version: the act_mul launch stays.
+            Fuse::NormGlu { .. } => {
+                return self.streaming(&self.k.mvqsg, mat, 1).map(|f| (f, true))
+            }
         };
         if let Some(f) = self.streaming(streaming, mat, 1) {
             return Some((f, true));
@@ -2002,6 +2036,27 @@ impl CudaBackend {
             })
     }
 
+    /// [`Fuse::NormGlu`] for layer `l`'s gate|up product in a step whose
+    /// norms are fused (`fused`), where it applies: a gated FFN of whole
+    /// 32-value blocks, one gate|up matrix with the streaming GLU kernel,
+    /// and a down product reading 8-bit x.
+    fn glu_fuse(&self, l: &DLayer, fused: bool) -> Option<Fuse> {
+        let d = &self.desc;
+        let [(m, _)] = l.gate_up.parts.as_slice() else {
+            return None;
+        };
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let shape = d.gated_ffn && d.intermediate % 32 == 0 && m.rows == 2 * d.intermediate;
+        let glu = Fuse::NormGlu {
+            w: l.ffn_norm.w.ptr,
+            eps: d.norm_eps,
+            act: act_kind(d.activation),
+        };
+        (fused && self.fuse_glu && shape && self.proj_q8(&l.down, 1))
+            .then_some(glu)
+            .filter(|&g| self.fused_kernel(m, g).is_some())
+    }
+
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
         let (f, streaming) = self
@@ -2019,13 +2074,22 @@ impl CudaBackend {
             Fuse::Norm { w: nw, eps } => {
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
             }
+            Fuse::NormGlu { w: nw, eps, act } => {
+                let glu = [
+                    Arg::P(nw),
+                    Arg::F(eps),
+                    Arg::I((mat.rows / 2) as i32),
+                    Arg::I(act),
+                ];
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true)])
+            }
             _ if streaming => ArgList::of(&[&w, &self.xq_args(true), &out]),
             _ => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
         };
         // MVFN_THREADS (gemv.cu) for the float ones.
         let block = if streaming { MVQS_THREADS } else { 256 };
         let mut grid = mat.rows.div_ceil(block as usize / 32);
-        if matches!(o.fuse, Fuse::Norm { .. }) {
+        if matches!(o.fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. }) {
             // What fits resident, each warp looping over rows: the block's
             // norm is taken once, behind its first weight loads. (A row per
             // warp: every later wave of blocks paid it again, in series:
@@ -2034,6 +2098,14 @@ impl CudaBackend {
                 .norm_blocks
                 .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
             grid = grid.min(per_sm.max(1) * self.gpu.info.sms as usize);
+        }
+        if matches!(o.fuse, Fuse::NormGlu { .. }) {
+            // Whole ranges of 32 gate and 32 up rows a block, the same
+            // number for every block (a block with one range more than the
+            // rest would run alone at the end), at most MVQS_GLU_RANGES.
+            let ranges = mat.rows / 64;
+            let per_block = ranges.div_ceil(grid.max(1)).clamp(1, MVQS_GLU_RANGES);
+            grid = ranges.div_ceil(per_block);
         }
         self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
     }
@@ -2507,7 +2579,7 @@ impl CudaBackend {
     ) -> CuResult<()> {
         let x_half = staged && !matches!(self.half_args(p, n)[0], Arg::P(0));
         // A norm-fused GEMV quantizes the normalized x itself.
-        let own_q8 = matches!(fuse, Fuse::Norm { .. });
+        let own_q8 = matches!(fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. });
         if !staged && !own_q8 && self.proj_q8(p, n) {
             if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols, n)?;
@@ -2873,6 +2945,12 @@ impl CudaBackend {
                 )?;
             }
             let gu_stride = l.gate_up.rows;
+            if let Some(glu) = self.glu_fuse(l, fuse) {
+                // act_mul's work inside the gate|up GEMV (s.xq for down).
+                self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, glu)?;
+                self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res)?;
+                continue;
+            }
             let gu_norm = norm_of(&l.ffn_norm);
             self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm)?;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
