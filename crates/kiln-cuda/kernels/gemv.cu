@@ -958,10 +958,11 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
                                      nw, eps);                                                         \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(AN_THREADS, U == 4 ? 2 : 1) mvqsg##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
-                                                  const float* x, float* y, const float* bias,         \
-                                                  const float* nw, float eps, int inter, int act, i8* oq, \
-                                                  float* od, float* os) {                              \
+    /* mvqsg4 held to 64 registers: two blocks an SM. */                                              \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, U == 4 ? 2 : 1)                          \
+        mvqsg##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+                           const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
+                           float* od, float* os) {                                                    \
         mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
                                            x, nw, eps, inter, act, oq, od, os);                        \
     }                                                                                                 \
