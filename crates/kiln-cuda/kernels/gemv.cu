@@ -848,24 +848,49 @@ __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, c
     return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
 }
 
+// Ranges of 32 gate|up outputs one block of a GLU mvqs takes at most (the
+// host sizes the grid for it: MVQS_GLU_RANGES in backend.rs).
+#define GLU_RANGES 8
+
+// Row j of a block's share of a gate|up product (GLU): its range k = j / 64
+// is range g = block + k * blocks of the inter / 32, whose 32 gate rows
+// (j % 64 < 32) and 32 up rows the block takes; `rows` past the last.
+__device__ __forceinline__ int glu_row(int j, int inter, int rows) {
+    int g = blockIdx.x + (j >> 6) * gridDim.x, lr = j & 63;
+    if (g >= inter >> 5) return rows;
+    return lr < 32 ? 32 * g + lr : inter + 32 * g + lr - 32;
+}
+
 // NORM (the QKV and gate|up products): xf is the residual stream and normw
 // the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
 // residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
-// Either replaces an add_norm launch.
-template <int T, int U, bool NORM = false, bool RES = false>
+// Either replaces an add_norm launch. GLU (with NORM, the gate|up product of
+// a gated FFN, rows = 2 * inter): act_mul's work too. Each block takes whole
+// ranges of 32 gate and 32 up rows; the warp finishing a range's 64th row
+// applies the activation and product to its 32 pairs exactly as act_mul
+// does and quantizes them into oq / od / os, the down product's 8-bit x (y
+// is not written). The rows' sums are the plain kernel's.
+template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ xf = nullptr,
-                                          const float* __restrict__ normw = nullptr, float eps = 0.0f) {
+                                          const float* __restrict__ normw = nullptr, float eps = 0.0f,
+                                          int inter = 0, int act = 0, i8* __restrict__ oq = nullptr,
+                                          float* __restrict__ od = nullptr, float* __restrict__ os = nullptr) {
     __shared__ int4 sq[MVQS_COLS / 16];
+    __shared__ float gsum[GLU ? GLU_RANGES : 1][64];
+    __shared__ int gdone[GLU ? GLU_RANGES : 1];
     __shared__ float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
     __shared__ float4 sx[NORM ? AN_THREADS * AN_V / 4 : 1];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nw = blockDim.x >> 5;
-    int r = blockIdx.x * nw + warp, rstep = gridDim.x * nw;
+    int j = warp;  // GLU: the warp's row of the block's share
+    int r = GLU ? glu_row(j, inter, rows) : blockIdx.x * nw + warp, rstep = gridDim.x * nw;
     int units = cols >> 5;
+    // Cleared before stage_norm_xq's barrier, which orders it before any use.
+    if (GLU && threadIdx.x < GLU_RANGES) gdone[threadIdx.x] = 0;
     uint4 q[U][Rq<T>::QW];
     u16 d[U];
     if (r < rows) {
@@ -898,7 +923,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         u0 += 32 * U;
         bool end = u0 >= units;
         if (end) {
-            rn = r + rstep;
+            rn = GLU ? glu_row(j + nw, inter, rows) : r + rstep;
             u0 = lane;
         }
         if (rn < rows) {
@@ -909,7 +934,22 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         if (end) {
             float v = warp_sum(acc);
-            if (lane == 0) {
+            if (GLU) {
+                int k = j >> 6;
+                bool last = false;
+                if (lane == 0) {
+                    gsum[k][j & 63] = v + (bias ? bias[r] : 0.0f);
+                    __threadfence_block();
+                    last = atomicAdd(&gdone[k], 1) == 63;
+                }
+                if (__shfl_sync(0xffffffffu, last, 0)) {
+                    __threadfence_block();
+                    const volatile float* gk = gsum[k];
+                    float h = activate(act, gk[lane]) * gk[32 + lane];
+                    quant_q8_warp(h, lane, (u64)(blockIdx.x + k * gridDim.x), oq, od, os);
+                }
+                j += nw;
+            } else if (lane == 0) {
                 float o = v + (bias ? bias[r] : 0.0f);
                 y[r] = RES ? y[r] + o : o;
             }
@@ -931,6 +971,14 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                                   const float* nw, float eps) {                        \
         mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
                                      nw, eps);                                                         \
+    }                                                                                                 \
+    /* mvqsg at U <= 4 held to 64 registers, two blocks an SM (Q6_KR's four units spill there). */   \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
+        mvqsg##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+                           const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
+                           float* od, float* os) {                                                    \
+        mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
+                                           x, nw, eps, inter, act, oq, od, os);                        \
     }
 
 #define MVQS(TNAME, T, U)                                                                             \

@@ -428,6 +428,11 @@ pub struct CudaOptions {
     /// logits bit-identical.
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
+    /// With `fuse_norm`, gated FFNs whose gate|up product takes the
+    /// streaming GEMV also do `act_mul`'s work there (the activation, the
+    /// product and the down projection's 8-bit x): one launch a layer
+    /// fewer, logits bit-identical. `$KILN_CUDA_FUSE_GLU=0` turns it off.
+    pub fuse_glu: bool,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -464,6 +469,7 @@ impl Default for CudaOptions {
             invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
             fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
             fuse_norm: std::env::var("KILN_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
+            fuse_glu: std::env::var("KILN_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -564,7 +570,19 @@ enum Fuse {
     },
     /// y is the residual stream: add the product to it.
     Residual,
+    /// `Norm` for a gated FFN's gate|up product (rows: gate, then up),
+    /// doing `act_mul`'s work as well (activation `act`, `act_kind`): the
+    /// down product's 8-bit x goes to `s.xq`, y is not written.
+    NormGlu {
+        w: u64,
+        eps: f32,
+        act: i32,
+    },
 }
+
+/// Ranges of 32 gate|up outputs one block of a `mvqsg*` takes at most
+/// (GLU_RANGES in gemv.cu).
+const MVQS_GLU_RANGES: usize = 8;
 
 /// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
 struct DMat {
@@ -644,6 +662,10 @@ struct Kernels {
     /// (`mvqa_*`); indexed as `mvq`, [for `mvq`, for `mvq2`].
     mvqpn: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     mvqa: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
+    /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
+    /// and `mvqpn`'s the same way.
+    mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    mvqpg: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -705,6 +727,8 @@ impl Kernels {
         let mut mvqsr = vec![None; 64];
         let mut mvqpn = vec![[None; 2]; 64];
         let mut mvqa = vec![[None; 2]; 64];
+        let mut mvqsg = vec![None; 64];
+        let mut mvqpg = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -739,7 +763,12 @@ impl Kernels {
             }
         }
         for (id, n) in mvqs_types() {
-            for (table, v) in [(&mut mvqs, ""), (&mut mvqsn, "n"), (&mut mvqsr, "r")] {
+            for (table, v) in [
+                (&mut mvqs, ""),
+                (&mut mvqsn, "n"),
+                (&mut mvqsr, "r"),
+                (&mut mvqsg, "g"),
+            ] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
                     gpu.func(&format!("mvqs{v}8_{n}"))?,
@@ -749,10 +778,12 @@ impl Kernels {
         for (id, n) in mvq2_types() {
             mvq2[id] = Some(gpu.func(&format!("mvq2_{n}"))?);
             mvqpn[id][1] = Some(gpu.func(&format!("mvqsn2_{n}"))?);
+            mvqpg[id][1] = Some(gpu.func(&format!("mvqsg2_{n}"))?);
             mvqa[id][1] = Some(gpu.func(&format!("mvqa2_{n}"))?);
         }
         for (id, n, u) in mvqp_fused_types() {
             mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
+            mvqpg[id][0] = Some(gpu.func(&format!("mvqsg{u}_{n}"))?);
             mvqa[id][0] = Some(gpu.func(&format!("mvqa_{n}"))?);
         }
         Ok(Kernels {
@@ -766,6 +797,8 @@ impl Kernels {
             mvqsr,
             mvqpn,
             mvqa,
+            mvqsg,
+            mvqpg,
             mvfn,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -936,6 +969,8 @@ pub struct CudaBackend {
     /// See [`CudaOptions::fuse_norm`]; false where the model does not
     /// allow it ([`CudaBackend::norm_fusable`]).
     fuse_norm: bool,
+    /// See [`CudaOptions::fuse_glu`] (taken per layer where it applies).
+    fuse_glu: bool,
     /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
     /// default: as many as fit).
     norm_blocks: Option<usize>,
@@ -1798,6 +1833,7 @@ impl CudaBackend {
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
             fuse_norm: false,
+            fuse_glu: opts.fuse_glu,
             norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -2002,16 +2038,22 @@ impl CudaBackend {
         fuse: Fuse,
     ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
         let (streaming, preload, float) = match fuse {
-            Fuse::None => (&self.k.mvqs, None, &self.k.mvf),
+            Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf)),
             Fuse::Norm { .. } => (
                 &self.k.mvqsn,
                 Some((&self.k.mvqpn, FusedLaunch::Staged)),
-                &self.k.mvfn,
+                Some(&self.k.mvfn),
             ),
             Fuse::Residual => (
                 &self.k.mvqsr,
                 Some((&self.k.mvqa, FusedLaunch::Preload)),
-                &self.k.mvfr,
+                Some(&self.k.mvfr),
+            ),
+            // No float version: the act_mul launch stays.
+            Fuse::NormGlu { .. } => (
+                &self.k.mvqsg,
+                Some((&self.k.mvqpg, FusedLaunch::Staged)),
+                None,
             ),
         };
         if let Some(f) = self.streaming(streaming, mat, 1) {
@@ -2026,7 +2068,7 @@ impl CudaBackend {
         }
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
-        float[mat.kernel]
+        float?[mat.kernel]
             .filter(|_| aligned16 && self.mv_path(1))
             .map(|f| (f, FusedLaunch::Float))
     }
@@ -2059,6 +2101,27 @@ impl CudaBackend {
             })
     }
 
+    /// [`Fuse::NormGlu`] for layer `l`'s gate|up product in a step whose
+    /// norms are fused (`fused`), where it applies: a gated FFN of whole
+    /// 32-value blocks, one gate|up matrix with the streaming GLU kernel,
+    /// and a down product reading 8-bit x.
+    fn glu_fuse(&self, l: &DLayer, fused: bool) -> Option<Fuse> {
+        let d = &self.desc;
+        let [(m, _)] = l.gate_up.parts.as_slice() else {
+            return None;
+        };
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let shape = d.gated_ffn && d.intermediate % 32 == 0 && m.rows == 2 * d.intermediate;
+        let glu = Fuse::NormGlu {
+            w: l.ffn_norm.w.ptr,
+            eps: d.norm_eps,
+            act: act_kind(d.activation),
+        };
+        (fused && self.fuse_glu && shape && self.proj_q8(&l.down, 1))
+            .then_some(glu)
+            .filter(|&g| self.fused_kernel(m, g).is_some())
+    }
+
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
         let (f, launch) = self
@@ -2076,6 +2139,15 @@ impl CudaBackend {
             Fuse::Norm { w: nw, eps } => {
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
             }
+            Fuse::NormGlu { w: nw, eps, act } => {
+                let glu = [
+                    Arg::P(nw),
+                    Arg::F(eps),
+                    Arg::I((mat.rows / 2) as i32),
+                    Arg::I(act),
+                ];
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true)])
+            }
             _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
             _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
         };
@@ -2085,7 +2157,7 @@ impl CudaBackend {
             FusedLaunch::Preload | FusedLaunch::Float => 256,
         };
         let mut grid = mat.rows.div_ceil(block as usize / 32);
-        if matches!(o.fuse, Fuse::Norm { .. }) {
+        if matches!(o.fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. }) {
             // What fits resident, each warp looping over rows: the block's
             // norm is taken once, behind its first weight loads. (A row per
             // warp: every later wave of blocks paid it again, in series:
@@ -2094,6 +2166,14 @@ impl CudaBackend {
                 .norm_blocks
                 .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
             grid = grid.min(per_sm.max(1) * self.gpu.info.sms as usize);
+        }
+        if matches!(o.fuse, Fuse::NormGlu { .. }) {
+            // Whole ranges of 32 gate and 32 up rows a block, the same
+            // number for every block (a block with one range more than the
+            // rest would run alone at the end), at most MVQS_GLU_RANGES.
+            let ranges = mat.rows / 64;
+            let per_block = ranges.div_ceil(grid.max(1)).clamp(1, MVQS_GLU_RANGES);
+            grid = ranges.div_ceil(per_block);
         }
         self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
     }
@@ -2567,7 +2647,7 @@ impl CudaBackend {
     ) -> CuResult<()> {
         let x_half = staged && !matches!(self.half_args(p, n)[0], Arg::P(0));
         // A norm-fused GEMV quantizes the normalized x itself.
-        let own_q8 = matches!(fuse, Fuse::Norm { .. });
+        let own_q8 = matches!(fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. });
         if !staged && !own_q8 && self.proj_q8(p, n) {
             if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols, n)?;
@@ -2933,6 +3013,12 @@ impl CudaBackend {
                 )?;
             }
             let gu_stride = l.gate_up.rows;
+            if let Some(glu) = self.glu_fuse(l, fuse) {
+                // act_mul's work inside the gate|up GEMV (s.xq for down).
+                self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, glu)?;
+                self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res)?;
+                continue;
+            }
             let gu_norm = norm_of(&l.ffn_norm);
             self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm)?;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
