@@ -11,16 +11,20 @@
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
-#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B Q4_0 and bf16
+#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q8_0 q4_k_m hf)
 #   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
-# Eighth session: verify QUICK=1 (the fused-norm staging and float fused norm), ab, fused.
+#   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
+# Ninth session (NOTES.md items 33-35), one run each: on branch fuse-k QUICK=1 verify (its fused_check rows,
+# logits = main), fused, AB_TYPES="q8_0 q4_k_m" ab; then ring (att-ring), attrev (att-revert).
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
 for b in cuda_check:cc cuda_check_a:cc_a kiln:kiln kiln_a:kiln_a; do
   [ -f .device/${b%%:*}.xz ] && xz -dc .device/${b%%:*}.xz > /tmp/${b##*:} && chmod +x /tmp/${b##*:}
 done
-export KILN_CUDA_CACHE=/tmp/kc; mkdir -p /tmp/kc; cp .device/cache/* /tmp/kc/
+# Cubins travel xz-compressed (the working tree's 64 MiB limit).
+export KILN_CUDA_CACHE=/tmp/kc; mkdir -p /tmp/kc
+for f in .device/cache/*; do case $f in *.xz) xz -dc $f > /tmp/kc/$(basename ${f%.xz}) ;; *) cp $f /tmp/kc/ ;; esac; done
 TYPES=q4_0,q4_k_m,q5_k_m,q8_0
 date -u +%T
 case $MODE in
@@ -65,13 +69,35 @@ boundary)
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
 fused)
+  FT=${FUSED_TYPES:-q4_0 q8_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
   for S in Llama-3.2-1B Llama-3.1-8B; do
-    D=/tmp/fu-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
-    for r in 1 2; do for v in 1 0; do for m in model-q4_0.gguf hf; do
-      echo "$S FUSE_NORM=$v $m $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    D=/tmp/fu-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for v in 1 0; do for t in $FT; do
+      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      echo "$S FUSE_NORM=$v $t $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done; done; done
     rm -rf $D
   done ;;
+ring)
+  # NOTES.md item 35 (branch att-ring, ATT_PRE 4; kiln_r8: the same with 8). Bits first: fixtures
+  # with the default split and with one slice (every warp then walks many positions, so the ring
+  # wraps), logits = main bit for bit with both; then tg256 and tg2048 against main.
+  for b in kiln_r4 kiln_r8 cuda_check_r4; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
+  for v in "" KILN_CUDA_ATT_SPLIT=1; do
+    env $v timeout 200 /tmp/cuda_check_r4 --fixtures tests/data/fixtures > $OUT/checks_ring_${v:-default}.txt 2>&1
+    echo "[$v] rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks_ring_${v:-default}.txt
+  done
+  /tmp/kiln_a synth Llama-3.2-1B /tmp/rg1 --types q4_0 > /dev/null 2>&1
+  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
+  for v in "" KILN_CUDA_ATT_SPLIT=1; do for t in hf q4_0; do
+    m=/tmp/rg1/model-$t.gguf; [ $t = hf ] && m=/tmp/rg1/hf
+    env $v /tmp/cc_a --logits $m "$IDS" /tmp/ra.bin 2>/dev/null; env $v /tmp/cuda_check_r4 --logits $m "$IDS" /tmp/rb.bin 2>/dev/null
+    cmp -n $((3 * 24 * 128256 * 4)) /tmp/ra.bin /tmp/rb.bin && echo "[$v] $t: ring = main, bit for bit"
+  done; done
+  /tmp/kiln_a synth Llama-3.1-8B /tmp/rg8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for n in 256 2048; do for S in rg1 rg8; do for r in 1 2; do for b in kiln_a kiln_r4 kiln_r8; do
+    echo "$S tg$n $b $(/tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done; done ;;
 attrev)
   # NOTES.md item 32: which step cost 1B Q8_0 1.1%. kiln_c is main with the decode attention
   # from before item 30 (branch att-revert).
