@@ -5,7 +5,8 @@
 #   .device/kiln.xz, .device/cuda_check.xz      the branch (strip, xz)
 #   .device/kiln_a.xz, .device/cuda_check_a.xz  main
 #   .device/cache/                              both cubins (cuda_check --precompile sm_90)
-# then one `run` per mode, carry [".device"]:
+# then one `run` per mode, carrying .device/cache and the mode's binaries only (the working
+# tree with its carry must stay under 64 MiB; .device/BUILT_AT lists them per mode):
 #   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
 #   bash bench/cuda/next_check.sh micro    # Q5_K GEMV: plain vs repacked, 8B and 1B layer chains
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
@@ -14,8 +15,9 @@
 #   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q8_0 q4_k_m hf)
 #   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
 #   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
-# Ninth session (NOTES.md items 33-35), one run each: on branch fuse-k QUICK=1 verify (its fused_check rows,
-# logits = main), fused, AB_TYPES="q8_0 q4_k_m" ab; then ring (att-ring), attrev (att-revert).
+#   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
+# Ninth session (NOTES.md items 33-36), one run each: QUICK=1 verify, fused, AB_TYPES="q8_0 q4_k_m" ab
+# (branch fuse-k: kiln, cuda_check); ring (att-ring); glu (act-fuse); attrev (att-revert).
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -98,6 +100,22 @@ ring)
   for n in 256 2048; do for S in rg1 rg8; do for r in 1 2; do for b in kiln_a kiln_r4 kiln_r8; do
     echo "$S tg$n $b $(/tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done; done ;;
+glu)
+  # NOTES.md item 36 (branch act-fuse). Bits: fixtures (fused_check act_mul row), logits = main;
+  # then tg256 against main and against itself without (KILN_CUDA_FUSE_GLU=0).
+  for b in kiln_g cuda_check_g; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
+  timeout 200 /tmp/cuda_check_g --fixtures tests/data/fixtures > $OUT/checks_glu.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'PASSED|FAILURES|fused \|' $OUT/checks_glu.txt
+  /tmp/kiln_a synth Llama-3.2-1B /tmp/gl1 --types q4_0 > /dev/null 2>&1
+  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
+  /tmp/cc_a --logits /tmp/gl1/model-q4_0.gguf "$IDS" /tmp/ga.bin 2>/dev/null
+  /tmp/cuda_check_g --logits /tmp/gl1/model-q4_0.gguf "$IDS" /tmp/gb.bin 2>/dev/null
+  cmp -n $((3 * 24 * 128256 * 4)) /tmp/ga.bin /tmp/gb.bin && echo "q4_0: glu = main, bit for bit"
+  /tmp/kiln_a synth Llama-3.1-8B /tmp/gl8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for S in gl1 gl8; do for r in 1 2; do for v in "kiln_a" "kiln_g" "kiln_g KILN_CUDA_FUSE_GLU=0"; do
+    set -- $v
+    echo "$S $v $(env ${2:-X=1} /tmp/$1 bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done ;;
 attrev)
   # NOTES.md item 32: which step cost 1B Q8_0 1.1%. kiln_c is main with the decode attention
   # from before item 30 (branch att-revert).
