@@ -16,8 +16,10 @@
 #   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
 #   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
 #   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
-# Ninth session (NOTES.md items 33-36), one run each: QUICK=1 verify, fused, AB_TYPES="q8_0 q4_k_m" ab
-# (branch fuse-k: kiln, cuda_check); ring (att-ring); glu (act-fuse); attrev (att-revert).
+#   bash bench/cuda/next_check.sh fuseall  # branch fuse-all (fuse-k + act-fuse, GLU for the mvq_*r types too): bits, then tg256 vs main and GLU off
+# Ninth session (NOTES.md items 33-37): fuseall first (~420 s; it covers fuse-k, as kiln_f with
+# KILN_CUDA_FUSE_GLU=0, and act-fuse, as kiln_f against that), then ring (~320 s), attrev (~80 s);
+# verify / fused / ab / glu on the single branches only if fuseall's bits fail and must be bisected.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -115,6 +117,26 @@ glu)
   for S in gl1 gl8; do for r in 1 2; do for v in "kiln_a" "kiln_g" "kiln_g KILN_CUDA_FUSE_GLU=0"; do
     set -- $v
     echo "$S $v $(env ${2:-X=1} /tmp/$1 bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done ;;
+fuseall)
+  # NOTES.md item 37 (branch fuse-all). Bits: fixtures (fused_check add_norm / act_mul rows),
+  # logits = main for every type; then tg256 against main and with KILN_CUDA_FUSE_GLU=0.
+  for b in kiln_f cuda_check_f; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
+  timeout 250 /tmp/cuda_check_f --fixtures tests/data/fixtures > $OUT/checks_fuseall.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'PASSED|FAILURES|fused \|' $OUT/checks_fuseall.txt
+  /tmp/kiln_a synth Llama-3.2-1B /tmp/fa1 --types q4_0,q8_0,q4_k_m > /dev/null 2>&1
+  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
+  for t in q4_0 q8_0 q4_k_m; do
+    /tmp/cc_a --logits /tmp/fa1/model-$t.gguf "$IDS" /tmp/fa.bin 2>/dev/null
+    /tmp/cuda_check_f --logits /tmp/fa1/model-$t.gguf "$IDS" /tmp/fb.bin 2>/dev/null
+    cmp -n $((3 * 24 * 128256 * 4)) /tmp/fa.bin /tmp/fb.bin && echo "$t: fuse-all = main, bit for bit"
+  done
+  /tmp/kiln_a synth Llama-3.1-8B /tmp/fa8 --types q4_0,q8_0,q4_k_m > /dev/null 2>&1; date -u +%T
+  for S in fa1 fa8; do for r in 1 2; do for t in q4_0 q8_0 q4_k_m; do
+    for v in "kiln_a" "kiln_f" "kiln_f KILN_CUDA_FUSE_GLU=0"; do
+      set -- $v
+      echo "$S $t $v $(env ${2:-X=1} /tmp/$1 bench /tmp/$S/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done
   done; done; done ;;
 attrev)
   # NOTES.md item 32: which step cost 1B Q8_0 1.1%. kiln_c is main with the decode attention
