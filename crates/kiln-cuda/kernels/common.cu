@@ -77,54 +77,28 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Blocks b0 + k * step (k < N; with GUARD only those below nb) of 32
-// activations each (lane i holds value i of block k in v[k], all 32 lanes
-// present) to 8 bits:
-// d = amax / 127, q = round-half-even(v / d), s = d * Σq — kiln-cpu's QAct
-// arithmetic, so GPU and CPU fast paths see the same integers. The N
-// blocks' shuffles are interleaved (one chain's latency, not N).
-template <int N, bool GUARD>
-__device__ __forceinline__ void quant_q8_warps(const float* v, int lane, u64 b0, u64 step, u64 nb, i8* q, float* d,
-                                               float* s) {
-    float amax[N], dd[N];
-    int sum[N];
-#pragma unroll
-    for (int k = 0; k < N; k++) amax[k] = fabsf(v[k]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-        dd[k] = amax[k] / 127.0f;
-        float id = dd[k] > 0.0f ? 1.0f / dd[k] : 0.0f;
-        int qi = __float2int_rn(v[k] * id);
-        if (!GUARD || b0 + k * step < nb) q[(b0 + k * step) * 32 + lane] = (i8)qi;
-        sum[k] = qi;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
-    if (lane == 0) {
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            if (!GUARD || b0 + k * step < nb) {
-                d[b0 + k * step] = dd[k];
-                s[b0 + k * step] = dd[k] * (float)sum[k];
-            }
-    }
-}
-
-// Block b of 32 activations to 8 bits (quant_q8_warps of one block).
+// Block b of 32 activations (lane i holds value i, all 32 lanes present) to
+// 8 bits: d = amax / 127, q = round-half-even(v / d), s = d * Σq — kiln-cpu's
+// QAct arithmetic, so GPU and CPU fast paths see the same integers.
 __device__ __forceinline__ void quant_q8_warp(float v, int lane, u64 b, i8* q, float* d, float* s) {
-    quant_q8_warps<1, false>(&v, lane, b, 0, 0, q, d, s);
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.0f;
+    float id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int qi = __float2int_rn(v * id);
+    q[b * 32 + lane] = (i8)qi;
+    int sum = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        d[b] = dd;
+        s[b] = dd * (float)sum;
+    }
 }
 
 // A row's len values (len % 32 == 0), staged as floats in shared memory sv
 // by the whole block (called by all its threads after the __syncthreads
 // that follows the writes), to 8 bits as blocks b0, b0 + 1, ...: the same
-// d, q and s as quant_q8_warps, bit for bit (a max and an integer sum do
+// d, q and s as quant_q8_warp, bit for bit (a max and an integer sum do
 // not depend on order), but four threads a block with 8 values each, so a
 // reduction is 2 shuffles instead of 5 and a block's chains 2 x 2 instead
 // of 2 x 5. (Lane-per-value chains, serial or interleaved, were most of a

@@ -733,25 +733,19 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         }
     }
     if (own_warp) {
-        float kv[DPL], vv[DPL];
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            kv[i] = okv[i];
-            vv[i] = ovv[i];
-        }
-        head_post<DPL>(kv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+        head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
         if (h % group == 0) {
             u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 int d = lane + 32 * i;
                 if (d < hd) {
-                    ((float*)kc)[at + d] = kv[i];
-                    ((float*)vc)[at + d] = vv[i];
+                    ((float*)kc)[at + d] = okv[i];
+                    ((float*)vc)[at + d] = ovv[i];
                 }
             }
         }
-        att_step<DPL>(qv, kv, vv, hd, lane, scale, softcap, m, l, acc);
+        att_step<DPL>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
     }
     if (lane == 0) {
         sm[warp] = m;

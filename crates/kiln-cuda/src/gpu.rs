@@ -205,6 +205,9 @@ pub struct Gpu {
     /// A no-op kernel launched before every kernel (`$KILN_CUDA_BOUNDARY=1`):
     /// what one more kernel boundary costs in place. Outputs stay right.
     boundary: Option<sys::CUfunction>,
+    /// [`Gpu::blocks_per_sm`]'s answers, asked once per (kernel, block):
+    /// the norm-fused GEMVs size their grid with it on every launch.
+    occupancy: std::cell::RefCell<Vec<(sys::CUfunction, u32, u32)>>,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -496,6 +499,7 @@ impl Gpu {
             twice,
             skip,
             boundary,
+            occupancy: std::cell::RefCell::new(Vec::new()),
         })
     }
 
@@ -595,15 +599,21 @@ impl Gpu {
     /// Blocks of `block` threads of `f` that one SM holds at once (at
     /// least 1).
     pub(crate) fn blocks_per_sm(&self, f: sys::CUfunction, block: u32) -> u32 {
+        let mut known = self.occupancy.borrow_mut();
+        if let Some(&(_, _, n)) = known.iter().find(|&&(g, b, _)| g == f && b == block) {
+            return n;
+        }
         let mut n: std::ffi::c_int = 0;
         // SAFETY: f is a live function of this context; n is written.
         let r =
             unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, 0) };
-        if r == sys::CUresult::CUDA_SUCCESS {
+        let n = if r == sys::CUresult::CUDA_SUCCESS {
             n.max(1) as u32
         } else {
             1
-        }
+        };
+        known.push((f, block, n));
+        n
     }
 
     /// [`Gpu::launch`] with the grid's x dimension in clusters of `cluster`
