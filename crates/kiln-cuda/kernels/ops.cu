@@ -384,7 +384,9 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 // 3.1 us kernel it saved: docs/BENCHMARKS.md.)
 #define ATT_WARPS 4
 #define ATT_DPL 8
-#define ATT_PRE 2
+// K/V rows a warp of the decode attention keeps in flight (its first ones
+// loaded before the PDL wait): 4, 2 for head dims above 128 (registers).
+#define ATT_PRE 4
 
 // K and V of cache position p for KV head kh: lane l holds dims l, l + 32, ...
 template <int DPL>
@@ -667,13 +669,15 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // no token of this step writes (this step's tokens of a sequence are
     // its last n at most) were written by finished steps. So the warp's
     // first position's K and V are loaded while qkv_post still runs.
-    // Its first ATT_PRE positions, in fact (two: a 16-slice split of a few
-    // hundred positions gives each warp one to four).
+    // Its first PRE positions, in fact (a 16-slice split of a few hundred
+    // positions gives each warp one to four); the loop then keeps PRE
+    // loads in flight (below).
+    constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
     int p0 = start + warp;
-    bool pre[ATT_PRE];
-    float k0[ATT_PRE][DPL], v0[ATT_PRE][DPL];
+    bool pre[PRE];
+    float k0[PRE][DPL], v0[PRE][DPL];
 #pragma unroll
-    for (int j = 0; j < ATT_PRE; j++) {
+    for (int j = 0; j < PRE; j++) {
         int p = p0 + j * ATT_WARPS;
         pre[j] = p < end && p + ntok <= (int)pos;
         if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
@@ -707,22 +711,26 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
     float m = -INFINITY, l = 0.0f;
     int lend = own ? end - 1 : end;
-    for (int p = p0, it = 0; p < lend; p += ATT_WARPS, it++) {
-        // V loaded with K: one memory round trip per position, not two.
-        float kv[DPL], vv[DPL];
-        bool had = false;
+    // The warp's positions in order, slot j holding every PRE-th: each slot
+    // is refilled with the position PRE on as soon as it is used, so PRE
+    // round trips overlap instead of one per position in series (V loaded
+    // with K). Slots not filled before the wait (positions this step
+    // writes, with several tokens of a sequence) are filled now.
 #pragma unroll
-        for (int j = 0; j < ATT_PRE; j++)
-            if (it == j && pre[j]) {
-                had = true;
+    for (int j = 0; j < PRE; j++) {
+        int p = p0 + j * ATT_WARPS;
+        if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+    }
+    for (int b = p0; b < lend; b += PRE * ATT_WARPS) {
 #pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    kv[i] = k0[j][i];
-                    vv[i] = v0[j][i];
-                }
+        for (int j = 0; j < PRE; j++) {
+            int p = b + j * ATT_WARPS;
+            if (p < lend) {
+                att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                int pn = p + PRE * ATT_WARPS;
+                if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
             }
-        if (!had) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, kv, vv);
-        att_step<DPL>(qv, kv, vv, hd, lane, scale, softcap, m, l, acc);
+        }
     }
     if (own_warp) {
         head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
