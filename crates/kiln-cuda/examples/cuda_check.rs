@@ -870,17 +870,11 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     fused_check(&mut rows, "add_norm", GgmlType::Q4_0, |o, on| {
         o.fuse_norm = on
     });
-    for ty in [
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ] {
+    for ty in [GgmlType::F16, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         fused_check(&mut rows, "add_norm", ty, |o, on| o.fuse_norm = on);
     }
     // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
         fused_check(&mut rows, "act_mul", ty, |o, on| o.fuse_glu = on);
     }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");

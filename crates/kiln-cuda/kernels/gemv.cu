@@ -743,7 +743,10 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
     extern "C" __global__ void mvq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
                                            const float* xd, const float* xs, float* y, const float* bias) { \
         mvqr_impl<T>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                    \
-    }                                                                                                 \
+    }
+
+// The residual-adding version, for the fused norm's O and down products (mvqp_fused_types).
+#define MVQA(TNAME, T)                                                                                \
     extern "C" __global__ void mvqa_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, \
                                             const float* xd, const float* xs, float* y, const float* bias) { \
         mvqr_impl<T, Rq<T>::UW / Rq<T>::QW, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);      \
@@ -768,6 +771,9 @@ MVQR(q4_0r, T_Q4_0R)
 MVQR(q6_kr, T_Q6_KR)
 MVQR(q4_kr, T_Q4_KR)
 MVQR(q5_kr, T_Q5_KR)
+MVQA(q4_kr, T_Q4_KR)
+MVQA(q5_kr, T_Q5_KR)
+MVQA(q6_kr, T_Q6_KR)
 // Q6_KR with two units per lane in flight, for rows of at most 2,048
 // columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
 // units, and mvq_q6_kr's registers for four (128 a thread) only cost
@@ -996,7 +1002,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
 
-MVQSN(q8_0r, T_Q8_0R, 2)
 MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)
 MVQSN(q6_kr, T_Q6_KR, 4)

@@ -233,11 +233,13 @@ pub(crate) fn mvqs_kernel(
 /// The fused-norm kernels (`mvqsn{U}_*`, the staging streaming kernel) and
 /// residual-add kernels (`mvqa_*`) of the types whose one-token GEMV is the
 /// register-preloading `mvq_*r`: kernel-table index, name suffix and units
-/// a lane in flight (`mvqr_impl`'s, so the same words in flight).
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 4] {
+/// a lane in flight (`mvqr_impl`'s, so the same words in flight). Q8_0
+/// is left out: staged, its products lost to `mvq_q8_0r` fed by a separate
+/// add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2 with the GLU
+/// epilogue; NOTES.md item 38), as `mvqs_kernel` found for its plain GEMV.
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 3] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
-        (r(GgmlType::Q8_0), "q8_0r", 2),
         (r(GgmlType::Q4K), "q4_kr", 2),
         (r(GgmlType::Q5K), "q5_kr", 2),
         (r(GgmlType::Q6K), "q6_kr", 4),
@@ -423,7 +425,7 @@ pub struct CudaOptions {
     /// gate|up GEMVs and add the O and down products to the residual
     /// stream in those GEMVs, instead of two `add_norm` launches a layer:
     /// models whose layer matrices are all repacked Q4_0 (the streaming
-    /// GEMV, which stages x per block anyway), Q8_0 / Q4_K / Q5_K / Q6_K
+    /// GEMV, which stages x per block anyway), Q4_K / Q5_K / Q6_K
     /// (`mvqsn*` staging, `mvqa_*` adding) or float (`mvfn_*`, `mvfr_*`);
     /// logits bit-identical.
     /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
