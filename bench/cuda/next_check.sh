@@ -16,6 +16,7 @@
 #   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
 #   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
 #   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
+#   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh fuseall  # branch fuse-all (fuse-k + act-fuse, GLU for the mvq_*r types too): bits, then tg256 vs main and GLU off
 # Ninth session (NOTES.md items 33-37): fuseall first (~420 s; it covers fuse-k, as kiln_f with
 # KILN_CUDA_FUSE_GLU=0, and act-fuse, as kiln_f against that), then ring (~320 s), attrev (~80 s);
@@ -147,6 +148,20 @@ attrev)
     m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
     echo "1B $b $t $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
+targets)
+  # The #7 table with /tmp/kiln (kiln.xz): decode and prefill, `kiln bench -p 2048 -n 256 -r 3`,
+  # 1B and 8B, $TARGET_TYPES (default hf q4_0 q4_k_m q8_0); BATCH=1 adds the README's batched
+  # rows (8B bf16, 8 and 128 sequences of 128 + 128).
+  TT=${TARGET_TYPES:-hf q4_0 q4_k_m q8_0}; G=$(echo $TT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  for S in Llama-3.2-1B Llama-3.1-8B; do
+    D=/tmp/tg-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
+    for t in $TT; do
+      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      echo "$S $t $(/tmp/kiln bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+    done
+    [ "${BATCH:-0}" = 1 ] && [ $S = Llama-3.1-8B ] && /tmp/kiln bench $D/hf --device cuda --batch 8,128 -p 128 -n 128 2>&1 | tail -4
+    rm -rf $D
+  done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
