@@ -17,6 +17,7 @@
 #   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
 #   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
+#   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
 #   bash bench/cuda/next_check.sh fuseall  # branch fuse-all (fuse-k + act-fuse, GLU for the mvq_*r types too): bits, then tg256 vs main and GLU off
 # Ninth session (NOTES.md items 33-37): fuseall first (~420 s; it covers fuse-k, as kiln_f with
 # KILN_CUDA_FUSE_GLU=0, and act-fuse, as kiln_f against that), then ring (~320 s), attrev (~80 s);
@@ -161,6 +162,21 @@ targets)
     done
     [ "${BATCH:-0}" = 1 ] && [ $S = Llama-3.1-8B ] && /tmp/kiln bench $D/hf --device cuda --batch 8,128 -p 128 -n 128 2>&1 | tail -4
     rm -rf $D
+  done ;;
+knobs)
+  # Env-only settings of /tmp/kiln, tg256 p16, two rounds: the decode attention's slice count
+  # (16 is the default for one sequence) and global merge, and the fused GEMVs' blocks an SM.
+  /tmp/kiln synth Llama-3.2-1B /tmp/kn1 --types q4_0,q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/kn8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for r in 1 2; do
+    for m in kn1/model-q4_0.gguf kn1/hf kn8/model-q4_0.gguf; do
+      for v in X=1 KILN_CUDA_ATT_SPLIT=2 KILN_CUDA_ATT_SPLIT=4 KILN_CUDA_ATT_SPLIT=8 KILN_CUDA_ATT_CLUSTER=0; do
+        echo "$m $v $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+      done
+    done
+    for v in X=1 KILN_CUDA_NORM_BLOCKS=1 KILN_CUDA_NORM_BLOCKS=2 KILN_CUDA_NORM_BLOCKS=3; do
+      echo "kn1 q4_k_m $v $(env $v /tmp/kiln bench /tmp/kn1/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done
   done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
