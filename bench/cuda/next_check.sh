@@ -182,8 +182,8 @@ skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
   AN=add_norm,add_norm_cl; AM=act_mul; QZ=quantize_q8
-  AT=attention_d2,attention_d4,attention_d8,attention_cd2,attention_cd4
-  AT=$AT,attention_f2,attention_f4,attention_f8,attention_cf2,attention_cf4
+  AT=attention_d2,attention_d4,attention_d8,attention_cd4
+  AT=$AT,attention_f2,attention_f4,attention_f8,attention_cf4
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/sk-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
     for m in model-q4_0.gguf hf; do for sk in none $AN $AM $QZ $AT $AN,$AM,$QZ,$AT none; do

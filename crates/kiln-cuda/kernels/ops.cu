@@ -819,7 +819,6 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 ATTENTION(attention_d2, attention_f2, 2, false)
 ATTENTION(attention_d4, attention_f4, 4, false)
 ATTENTION(attention_d8, attention_f8, 8, false)
-ATTENTION(attention_cd2, attention_cf2, 2, true)
 ATTENTION(attention_cd4, attention_cf4, 4, true)
 
 // Prefill attention sharing each K/V load among the G query heads of a

@@ -691,9 +691,9 @@ struct Kernels {
     attention_tile: cudarc::driver::sys::CUfunction,
     /// `attention_d2/d4` doing qkv_post's work themselves (`attention_f2/f4`).
     attention_fused: [cudarc::driver::sys::CUfunction; 2],
-    /// `attention_d2/d4` ([0]) and `attention_f2/f4` ([1]) merging their
-    /// slices inside a thread-block cluster (`attention_cd*` / `attention_cf*`).
-    attention_cl: [[cudarc::driver::sys::CUfunction; 2]; 2],
+    /// `attention_d4` ([0]) and `attention_f4` ([1]) merging their slices
+    /// inside a thread-block cluster (`attention_cd4` / `attention_cf4`).
+    attention_cl: [cudarc::driver::sys::CUfunction; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -826,10 +826,7 @@ impl Kernels {
             ],
             attention_tile: gpu.func("attention_tile")?,
             attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
-            attention_cl: [
-                [gpu.func("attention_cd2")?, gpu.func("attention_cd4")?],
-                [gpu.func("attention_cf2")?, gpu.func("attention_cf4")?],
-            ],
+            attention_cl: [gpu.func("attention_cd4")?, gpu.func("attention_cf4")?],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1621,7 +1618,6 @@ impl CudaBackend {
         } else {
             k.attention_cl
                 .iter()
-                .flatten()
                 .map(|&f| gpu.max_cluster(f, 128, ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize
@@ -2984,11 +2980,14 @@ impl CudaBackend {
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
                 let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
-                // Split attention of head dims up to 128: the slices merged
-                // inside a cluster when they fit one.
-                if dpl < 2 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
+                // Split attention of head dims 65-128: the slices merged
+                // inside a cluster when they fit one. At 64 the global merge
+                // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
+                // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
+                // head dim 128: Q4_0 467 -> 462-465 without the cluster).
+                if dpl == 1 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
                     self.gpu.launch_cluster(
-                        self.k.attention_cl[usize::from(fused)][dpl],
+                        self.k.attention_cl[usize::from(fused)],
                         (split as u32, att_heads as u32, n as u32),
                         128,
                         split as u32,
