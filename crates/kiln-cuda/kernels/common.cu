@@ -157,6 +157,14 @@ __device__ double block_sum_d(double v) {
     return t;
 }
 
+// 1 / sqrt(ss / n + eps) in f64, ss a sum of squares over n values (or n
+// times a variance): every norm takes its scale so, which is what keeps the
+// norms fused into other kernels (the GEMVs' staging, the attention's head
+// norm) bit-identical to add_norm / qkv_post.
+__device__ __forceinline__ double inv_rms(double ss, int n, float eps) {
+    return 1.0 / sqrt(ss / (double)n + (double)eps);
+}
+
 __device__ __forceinline__ float activate(int kind, float x) {
     if (kind == ACT_SILU) return x / (1.0f + expf(-x));
     double x64 = (double)x;

@@ -157,7 +157,7 @@ __device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, fl
     __syncthreads();
     double t = 0.0;
     for (int i = 0; i < AN_THREADS / 32; i++) t += part[i];
-    return (float)(1.0 / sqrt(t / (double)n + (double)eps));
+    return (float)inv_rms(t, n, eps);
 }
 
 #define MVFN_THREADS 256
@@ -834,7 +834,7 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, fl
     }
 #pragma unroll
     for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
-    float finv = (float)(1.0 / sqrt(block_sum_d(s) / (double)cols + (double)eps));
+    float finv = (float)inv_rms(block_sum_d(s), cols, eps);
 #pragma unroll
     for (int k = 0; k < AN_V; k++) {
         int i = threadIdx.x + k * AN_THREADS;

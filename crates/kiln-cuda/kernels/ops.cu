@@ -20,9 +20,8 @@ __device__ __forceinline__ void norm_stats(const float* v, int n, int kind, floa
             s += d * d;
         }
     }
-    double var = block_sum_d(s) / (double)n;
     *mean = m;
-    *inv = 1.0 / sqrt(var + (double)eps);
+    *inv = inv_rms(block_sum_d(s), n, eps);
 }
 
 // With the weight and bias values given (1 and 0 without them).
@@ -101,9 +100,8 @@ __device__ __forceinline__ void reg_stats(const float* v, int len, int n, int ki
 #pragma unroll
         for (int k = 0; k < V; k++) s += (double)v[k] * (double)v[k];
     }
-    double var = red_sum_d<CL>(s) / (double)n;
     *mean = m;
-    *inv = 1.0 / sqrt(var + (double)eps);
+    *inv = inv_rms(red_sum_d<CL>(s), n, eps);
 }
 
 // Per token:
@@ -336,7 +334,7 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 #pragma unroll 8
             for (int i = lane; i < hd; i += 32) s += (double)h[i] * (double)h[i];
             double ss = warp_sum_d(s);
-            float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+            float inv = (float)inv_rms(ss, hd, eps);
             __syncwarp();
 #pragma unroll 8
             for (int i = lane; i < hd; i += 32) h[i] = h[i] * inv * nw[i];
@@ -445,7 +443,7 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
 #pragma unroll
         for (int i = 0; i < DPL; i++) ss += (double)v[i] * (double)v[i];
         ss = warp_sum_d(ss);
-        float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+        float inv = (float)inv_rms(ss, hd, eps);
 #pragma unroll
         for (int i = 0; i < DPL; i++) v[i] = v[i] * inv * w[i];
     }
