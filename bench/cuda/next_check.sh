@@ -18,6 +18,7 @@
 #   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
+#   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh fuseall  # branch fuse-all (fuse-k + act-fuse, GLU for the mvq_*r types too): bits, then tg256 vs main and GLU off
 # Ninth session (NOTES.md items 33-37): fuseall first (~420 s; it covers fuse-k, as kiln_f with
 # KILN_CUDA_FUSE_GLU=0, and act-fuse, as kiln_f against that), then ring (~320 s), attrev (~80 s);
@@ -178,6 +179,19 @@ knobs)
       echo "kn1 q4_k_m $v $(env $v /tmp/kiln bench /tmp/kn1/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done
   done ;;
+attprof)
+  # Where tg2048's extra time goes (1B Q4_0 ~1,340 tok/s against ~1,800 at tg256): ncu kernel
+  # durations (µs) of the 16 layers' decode attention, and of the QKV GEMV as a control, at
+  # step 10 and step 1,000 of a tg1100 run (graphs off so ncu sees each launch).
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  /tmp/kiln synth Llama-3.2-1B /tmp/ap --types q4_0 > /dev/null 2>&1; date -u +%T
+  for k in attention_f2 mvqsn4_q4_0r; do for step in 10 1000; do
+    echo "$k step $step: $(KILN_CUDA_GRAPHS=0 $NCU --clock-control none --kernel-name regex:"^$k\$" \
+      --launch-skip $((16 * step)) --launch-count 16 --metrics gpu__time_duration.sum --csv \
+      /tmp/kiln bench /tmp/ap/model-q4_0.gguf --device cuda -p 16 -n 1100 -r 1 2>/dev/null \
+      | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
+  done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
