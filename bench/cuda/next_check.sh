@@ -6,23 +6,18 @@
 #   .device/kiln_a.xz, .device/cuda_check_a.xz  main
 #   .device/cache/                              both cubins (cuda_check --precompile sm_90)
 # then one `run` per mode, carrying .device/cache and the mode's binaries only (the working
-# tree with its carry must stay under 64 MiB; .device/BUILT_AT lists them per mode):
+# tree with its carry must stay under 64 MiB; .device/BUILT_AT lists what is there):
 #   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
 #   bash bench/cuda/next_check.sh micro    # Q5_K GEMV: plain vs repacked, 8B and 1B layer chains
 #   bash bench/cuda/next_check.sh ab       # 1B and 8B, $AB_TYPES (default q4_0 hf), main vs branch alternated twice
 #   bash bench/cuda/next_check.sh boundary # price of one kernel boundary: KILN_CUDA_BOUNDARY=1 vs 0 (1B Q4_0 / bf16)
 #   bash bench/cuda/next_check.sh skip     # most that fusing kernels away could gain: KILN_CUDA_SKIP per kernel family
-#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q8_0 q4_k_m hf)
-#   bash bench/cuda/next_check.sh attrev   # 1B Q8_0 / bf16 / Q4_0: main (kiln_a) vs main with 01c4469's attention (kiln_c, branch att-revert)
-#   bash bench/cuda/next_check.sh ring     # branch att-ring: K/V rows in flight in the decode attention (kiln_r4 / kiln_r8 vs main), bits then tg256 / tg2048
-#   bash bench/cuda/next_check.sh glu      # branch act-fuse: act_mul inside the gate|up GEMV (kiln_g vs main, KILN_CUDA_FUSE_GLU=0), bits then tg256
+#   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q4_k_m hf)
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
-#   bash bench/cuda/next_check.sh fuseall  # branch fuse-all (fuse-k + act-fuse, GLU for the mvq_*r types too): bits, then tg256 vs main and GLU off
-# Ninth session (NOTES.md items 33-37): fuseall first (~420 s; it covers fuse-k, as kiln_f with
-# KILN_CUDA_FUSE_GLU=0, and act-fuse, as kiln_f against that), then ring (~320 s), attrev (~80 s);
-# verify / fused / ab / glu on the single branches only if fuseall's bits fail and must be bisected.
+# The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
+# history (945516c); split32 is on branch att-split32.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -76,7 +71,7 @@ boundary)
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done ;;
 fused)
-  FT=${FUSED_TYPES:-q4_0 q8_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  FT=${FUSED_TYPES:-q4_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/fu-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for r in 1 2; do for v in 1 0; do for t in $FT; do
@@ -85,71 +80,6 @@ fused)
     done; done; done
     rm -rf $D
   done ;;
-ring)
-  # NOTES.md item 35 (branch att-ring, ATT_PRE 4; kiln_r8: the same with 8). Bits first: fixtures
-  # with the default split and with one slice (every warp then walks many positions, so the ring
-  # wraps), logits = main bit for bit with both; then tg256 and tg2048 against main.
-  for b in kiln_r4 kiln_r8 cuda_check_r4; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
-  for v in "" KILN_CUDA_ATT_SPLIT=1; do
-    env $v timeout 200 /tmp/cuda_check_r4 --fixtures tests/data/fixtures > $OUT/checks_ring_${v:-default}.txt 2>&1
-    echo "[$v] rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks_ring_${v:-default}.txt
-  done
-  /tmp/kiln_a synth Llama-3.2-1B /tmp/rg1 --types q4_0 > /dev/null 2>&1
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
-  for v in "" KILN_CUDA_ATT_SPLIT=1; do for t in hf q4_0; do
-    m=/tmp/rg1/model-$t.gguf; [ $t = hf ] && m=/tmp/rg1/hf
-    env $v /tmp/cc_a --logits $m "$IDS" /tmp/ra.bin 2>/dev/null; env $v /tmp/cuda_check_r4 --logits $m "$IDS" /tmp/rb.bin 2>/dev/null
-    cmp -n $((3 * 24 * 128256 * 4)) /tmp/ra.bin /tmp/rb.bin && echo "[$v] $t: ring = main, bit for bit"
-  done; done
-  /tmp/kiln_a synth Llama-3.1-8B /tmp/rg8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for n in 256 2048; do for S in rg1 rg8; do for r in 1 2; do for b in kiln_a kiln_r4 kiln_r8; do
-    echo "$S tg$n $b $(/tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done; done ;;
-glu)
-  # NOTES.md item 36 (branch act-fuse). Bits: fixtures (fused_check act_mul row), logits = main;
-  # then tg256 against main and against itself without (KILN_CUDA_FUSE_GLU=0).
-  for b in kiln_g cuda_check_g; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
-  timeout 200 /tmp/cuda_check_g --fixtures tests/data/fixtures > $OUT/checks_glu.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'PASSED|FAILURES|fused \|' $OUT/checks_glu.txt
-  /tmp/kiln_a synth Llama-3.2-1B /tmp/gl1 --types q4_0 > /dev/null 2>&1
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
-  /tmp/cc_a --logits /tmp/gl1/model-q4_0.gguf "$IDS" /tmp/ga.bin 2>/dev/null
-  /tmp/cuda_check_g --logits /tmp/gl1/model-q4_0.gguf "$IDS" /tmp/gb.bin 2>/dev/null
-  cmp -n $((3 * 24 * 128256 * 4)) /tmp/ga.bin /tmp/gb.bin && echo "q4_0: glu = main, bit for bit"
-  /tmp/kiln_a synth Llama-3.1-8B /tmp/gl8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for S in gl1 gl8; do for r in 1 2; do for v in "kiln_a" "kiln_g" "kiln_g KILN_CUDA_FUSE_GLU=0"; do
-    set -- $v
-    echo "$S $v $(env ${2:-X=1} /tmp/$1 bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done ;;
-fuseall)
-  # NOTES.md item 37 (branch fuse-all). Bits: fixtures (fused_check add_norm / act_mul rows),
-  # logits = main for every type; then tg256 against main and with KILN_CUDA_FUSE_GLU=0.
-  for b in kiln_f cuda_check_f; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
-  timeout 250 /tmp/cuda_check_f --fixtures tests/data/fixtures > $OUT/checks_fuseall.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'PASSED|FAILURES|fused \|' $OUT/checks_fuseall.txt
-  /tmp/kiln_a synth Llama-3.2-1B /tmp/fa1 --types q4_0,q8_0,q4_k_m > /dev/null 2>&1
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
-  for t in q4_0 q8_0 q4_k_m; do
-    /tmp/cc_a --logits /tmp/fa1/model-$t.gguf "$IDS" /tmp/fa.bin 2>/dev/null
-    /tmp/cuda_check_f --logits /tmp/fa1/model-$t.gguf "$IDS" /tmp/fb.bin 2>/dev/null
-    cmp -n $((3 * 24 * 128256 * 4)) /tmp/fa.bin /tmp/fb.bin && echo "$t: fuse-all = main, bit for bit"
-  done
-  /tmp/kiln_a synth Llama-3.1-8B /tmp/fa8 --types q4_0,q8_0,q4_k_m > /dev/null 2>&1; date -u +%T
-  for S in fa1 fa8; do for r in 1 2; do for t in q4_0 q8_0 q4_k_m; do
-    for v in "kiln_a" "kiln_f" "kiln_f KILN_CUDA_FUSE_GLU=0"; do
-      set -- $v
-      echo "$S $t $v $(env ${2:-X=1} /tmp/$1 bench /tmp/$S/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-    done
-  done; done; done ;;
-attrev)
-  # NOTES.md item 32: which step cost 1B Q8_0 1.1%. kiln_c is main with the decode attention
-  # from before item 30 (branch att-revert).
-  xz -dc .device/kiln_c.xz > /tmp/kiln_c && chmod +x /tmp/kiln_c
-  D=/tmp/ar; /tmp/kiln_a synth Llama-3.2-1B $D --types q8_0,q4_0 > /dev/null 2>&1; date -u +%T
-  for r in 1 2; do for b in kiln_a kiln_c; do for t in q8_0 hf q4_0; do
-    m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
-    echo "1B $b $t $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done ;;
 targets)
   # The #7 table with /tmp/kiln (kiln.xz): decode and prefill, `kiln bench -p 2048 -n 256 -r 3`,
   # 1B and 8B, $TARGET_TYPES (default hf q4_0 q4_k_m q8_0); BATCH=1 adds the README's batched
