@@ -15,6 +15,7 @@
 #   bash bench/cuda/next_check.sh fused    # CudaOptions::fuse_norm on vs off (KILN_CUDA_FUSE_NORM=0), 1B/8B $FUSED_TYPES (default q4_0 q4_k_m hf)
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
+#   bash bench/cuda/next_check.sh longctx  # 32 slices (kiln_s32.xz, branch att-split32) vs 16 and main at tg2048 / tg256
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); split32 is on branch att-split32.
@@ -122,6 +123,19 @@ attprof)
       /tmp/kiln bench /tmp/ap/model-q4_0.gguf --device cuda -p 16 -n 1100 -r 1 2>/dev/null \
       | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
   done; done ;;
+longctx)
+  # NOTES.md Next: do more slices pay at long contexts? kiln_s32 (branch att-split32: 32 slices
+  # for one sequence, global merge) against itself at 16 and main (kiln.xz), tg2048 and tg256 p16,
+  # 1B and 8B Q4_0, two rounds.
+  xz -dc .device/kiln_s32.xz > /tmp/kiln_s32 && chmod +x /tmp/kiln_s32
+  /tmp/kiln synth Llama-3.2-1B /tmp/lc1 --types q4_0 > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/lc8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for n in 2048 256; do for S in lc1 lc8; do for r in 1 2; do
+    for v in "kiln" "kiln_s32" "kiln_s32 KILN_CUDA_ATT_SPLIT=16"; do
+      set -- $v; b=$1; shift
+      echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done
+  done; done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
