@@ -586,6 +586,18 @@ enum Fuse {
 /// (GLU_RANGES in gemv.cu).
 const MVQS_GLU_RANGES: usize = 8;
 
+/// Blocks of a GLU gate|up product ([`Fuse::NormGlu`]) of `ranges` ranges
+/// (32 gate and 32 up rows each) on a grid of at most about `resident`
+/// blocks. Block b takes ranges b, b + grid, ...: the fewest blocks that
+/// give none more than ceil(ranges / resident) ranges (a grid of `resident`
+/// would leave a few blocks one range more than the rest, running alone at
+/// the end), and never more than MVQS_GLU_RANGES: the kernel's shared
+/// arrays hold that many.
+fn glu_grid(ranges: usize, resident: usize) -> usize {
+    let per_block = ranges.div_ceil(resident.max(1)).clamp(1, MVQS_GLU_RANGES);
+    ranges.div_ceil(per_block)
+}
+
 /// A weight matrix in device memory, `[rows, cols]`, rows stored back to back.
 struct DMat {
     buf: Arc<DevBuf>,
@@ -2166,12 +2178,7 @@ impl CudaBackend {
             grid = grid.min(per_sm.max(1) * self.gpu.info.sms as usize);
         }
         if matches!(o.fuse, Fuse::NormGlu { .. }) {
-            // Whole ranges of 32 gate and 32 up rows a block, the same
-            // number for every block (a block with one range more than the
-            // rest would run alone at the end), at most MVQS_GLU_RANGES.
-            let ranges = mat.rows / 64;
-            let per_block = ranges.div_ceil(grid.max(1)).clamp(1, MVQS_GLU_RANGES);
-            grid = ranges.div_ceil(per_block);
+            grid = glu_grid(mat.rows / 64, grid);
         }
         self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
     }
@@ -3377,6 +3384,30 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn glu_grid_fits_the_kernels_ranges() {
+        use super::{glu_grid, MVQS_GLU_RANGES};
+        // 1B (256 ranges) and 8B (448) on 264 resident blocks, as on the H100.
+        assert_eq!(glu_grid(256, 264), 256);
+        assert_eq!(glu_grid(448, 264), 224);
+        for ranges in 1..4000 {
+            for resident in [1, 2, 7, 132, 264, 528] {
+                let grid = glu_grid(ranges, resident);
+                // The most ranges a block gets (block 0's).
+                let most = ranges.div_ceil(grid);
+                assert!(
+                    most <= MVQS_GLU_RANGES,
+                    "{ranges} ranges, {resident} resident"
+                );
+                assert!(grid <= ranges);
+                if ranges <= resident * MVQS_GLU_RANGES {
+                    assert!(grid <= resident, "{ranges} ranges, {resident} resident");
+                    assert_eq!(most, ranges.div_ceil(resident));
+                }
+            }
+        }
+    }
+
     use super::*;
 
     /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
