@@ -16,6 +16,7 @@
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
 #   bash bench/cuda/next_check.sh longctx  # 32 slices (kiln_s32.xz, branch att-split32) vs 16 and main at tg2048 / tg256
+#   bash bench/cuda/next_check.sh w8       # branch att-w8 (kiln_w8.xz): fixtures x3, then tg256 / tg2048 1B against main
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); split32 is on branch att-split32.
@@ -136,6 +137,20 @@ longctx)
       echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done
   done; done; done ;;
+w8)
+  # NOTES.md item 43 (branch att-w8): decode attention blocks of 8 warps for head dims <= 64.
+  # Not bit-identical to main (positions spread over 8 warps): fixtures against the references,
+  # with the default split, one slice and 16; then tg256 / tg2048 p16 against main, 1B Q4_0 / bf16
+  # (8B unchanged: head dim 128), two rounds.
+  for b in kiln_w8 cuda_check_w8; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
+  for v in X=1 KILN_CUDA_ATT_SPLIT=1 KILN_CUDA_ATT_SPLIT=16; do
+    env $v timeout 200 /tmp/cuda_check_w8 --fixtures tests/data/fixtures > $OUT/checks_w8_${v%%=*}.txt 2>&1
+    echo "[$v] rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks_w8_${v%%=*}.txt; grep -E 'FAIL' $OUT/checks_w8_${v%%=*}.txt | head -3
+  done
+  /tmp/kiln synth Llama-3.2-1B /tmp/w1 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for n in 256 2048; do for r in 1 2; do for b in kiln kiln_w8; do for m in model-q4_0.gguf hf; do
+    echo "tg$n $b $m $(/tmp/$b bench /tmp/w1/$m --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
