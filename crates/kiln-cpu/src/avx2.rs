@@ -741,13 +741,13 @@ q_driver!(rows_q6_k, dot_q6_k);
 // ---- float weights ------------------------------------------------------
 
 /// Eight weights at element `i` as f32.
-trait Load8 {
+pub(crate) trait Load8 {
     unsafe fn load8(w: *const u8, i: usize) -> __m256;
     fn scalar(w: *const u8, i: usize) -> f32;
 }
 
-struct F32w;
-struct F16w;
+pub(crate) struct F32w;
+pub(crate) struct F16w;
 struct Bf16w;
 
 impl Load8 for F32w {
@@ -930,34 +930,29 @@ unsafe fn axpy4_kv<L: Load8>(y: &mut [f32], p: [f32; 4], v: [*const u8; 4]) {
     }
 }
 
-/// [`dot4_kv`] of f32 rows.
+/// A KV cache element type and how eight of them load as f32.
+pub(crate) trait KvLoad {
+    type L: Load8;
+}
+impl KvLoad for f32 {
+    type L = F32w;
+}
+impl KvLoad for u16 {
+    type L = F16w;
+}
+
+/// [`dot4_kv`] of rows of `E` (f32, or f16 bits for the f16 KV cache).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn dot4_f32(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+pub(crate) unsafe fn dot4<E: KvLoad>(k: [&[E]; 4], q: &[f32]) -> [f32; 4] {
     debug_assert!(k.iter().all(|r| r.len() >= q.len()));
-    dot4_kv::<F32w>(k.map(|r| r.as_ptr() as *const u8), q)
+    dot4_kv::<E::L>(k.map(|r| r.as_ptr() as *const u8), q)
 }
 
-/// [`axpy4_kv`] of f32 rows.
+/// [`axpy4_kv`] of rows of `E`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn axpy4_f32(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
+pub(crate) unsafe fn axpy4<E: KvLoad>(y: &mut [f32], p: [f32; 4], v: [&[E]; 4]) {
     debug_assert!(v.iter().all(|r| r.len() >= y.len()));
-    axpy4_kv::<F32w>(y, p, v.map(|r| r.as_ptr() as *const u8))
-}
-
-/// [`dot4_kv`] of f16 rows (the f16 KV cache).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn dot4_f16(k: [&[u16]; 4], q: &[f32]) -> [f32; 4] {
-    debug_assert!(k.iter().all(|r| r.len() >= q.len()));
-    dot4_kv::<F16w>(k.map(|r| r.as_ptr() as *const u8), q)
-}
-
-/// [`axpy4_kv`] of f16 rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn axpy4_f16(y: &mut [f32], p: [f32; 4], v: [&[u16]; 4]) {
-    debug_assert!(v.iter().all(|r| r.len() >= y.len()));
-    axpy4_kv::<F16w>(y, p, v.map(|r| r.as_ptr() as *const u8))
+    axpy4_kv::<E::L>(y, p, v.map(|r| r.as_ptr() as *const u8))
 }

@@ -155,7 +155,7 @@ impl KvEl for f32 {
     unsafe fn dot4(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { crate::avx2::dot4_f32(k, q) };
+        return unsafe { crate::avx2::dot4(k, q) };
         #[cfg(not(target_arch = "x86_64"))]
         crate::kernels::dot4(k, q)
     }
@@ -163,7 +163,7 @@ impl KvEl for f32 {
     unsafe fn axpy4(y: &mut [f32], p: [f32; 4], v: [&[f32]; 4]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { crate::avx2::axpy4_f32(y, p, v) };
+        return unsafe { crate::avx2::axpy4(y, p, v) };
         #[cfg(not(target_arch = "x86_64"))]
         crate::kernels::axpy4(y, p, v)
     }
@@ -197,7 +197,7 @@ impl KvEl for u16 {
     unsafe fn dot4(k: [&[u16]; 4], q: &[f32]) -> [f32; 4] {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { crate::avx2::dot4_f16(k, q) };
+        return unsafe { crate::avx2::dot4(k, q) };
         #[cfg(not(target_arch = "x86_64"))]
         [
             Self::dot(q, k[0]),
@@ -210,7 +210,7 @@ impl KvEl for u16 {
     unsafe fn axpy4(y: &mut [f32], p: [f32; 4], v: [&[u16]; 4]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
-        return unsafe { crate::avx2::axpy4_f16(y, p, v) };
+        return unsafe { crate::avx2::axpy4(y, p, v) };
         #[cfg(not(target_arch = "x86_64"))]
         for r in 0..4 {
             Self::axpy(y, p[r], v[r]);
