@@ -381,6 +381,12 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 // next GEMV, instead of quantize_q8, measured 3.7 us slower per call than the
 // 3.1 us kernel it saved: docs/BENCHMARKS.md.)
 #define ATT_WARPS 4
+// Warps a block of the split decode attention (attention_impl) for DPL
+// dims a lane: 8 for heads of up to 64 (half the positions each warp walks
+// at long contexts; 61 registers, 4 blocks an SM still hold a one-sequence
+// step's 512 blocks), 4 above (96-168 registers: 8 would take two waves).
+// NOTES.md item 43; backend.rs att_dec_threads.
+#define ATT_DEC_WARPS(DPL) ((DPL) <= 2 ? 8 : 4)
 #define ATT_DPL 8
 // K/V rows a warp of the decode attention keeps in flight (its first ones
 // loaded before the PDL wait): 4, 2 for head dims above 128 (registers).
@@ -536,32 +542,33 @@ __device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
 
 // Warp 0's view of its block's warps: their running maxima folded into M,
 // their sums into L, each warp's weight f[w] = exp(m_w - M).
+template <int W>
 __device__ __forceinline__ void att_block_weights(const float* sm, const float* sl, float* f, float& M, float& L) {
     M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    for (int w = 0; w < W; w++) M = fmaxf(M, sm[w]);
     L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) {
+    for (int w = 0; w < W; w++) {
         f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
         L += sl[w] * f[w];
     }
 }
 
 // The block's Σ e·v for dim d: the warps' sums weighted by f.
-template <int DPL>
+template <int DPL, int W>
 __device__ __forceinline__ float att_block_sum(const float (*sacc)[DPL * 32], const float* f, int d) {
     float s = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][d] * f[w];
+    for (int w = 0; w < W; w++) s += sacc[w][d] * f[w];
     return s;
 }
 
 // The block's slice as (M, L, Σ e·v) at dst (global slot or shared memory).
-template <int DPL>
+template <int DPL, int W>
 __device__ __forceinline__ void att_slice_put(float* dst, const float (*sacc)[DPL * 32], const float* f, float M,
                                               float L, int hd, int lane) {
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        if (d < hd) dst[2 + d] = att_block_sum<DPL>(sacc, f, d);
+        if (d < hd) dst[2 + d] = att_block_sum<DPL, W>(sacc, f, d);
     }
     if (lane == 0) {
         dst[0] = M;
@@ -605,16 +612,16 @@ __device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float*
 // block of the cluster merges the S slices in the same order with the same
 // arithmetic (so results equal the unclustered split bit for bit), and every
 // block waits until it has read them. All threads of every block call it.
-template <int DPL>
+template <int DPL, int W>
 __device__ __forceinline__ void attention_cluster_merge(const float* sm, const float* sl,
                                                         const float (*sacc)[DPL * 32], int hd, int S, int sp,
                                                         int warp, int lane, float* o, i8* xq, float* xqd,
                                                         float* xqs, u64 blk0) {
     __shared__ float cp[2 + DPL * 32];
     if (warp == 0) {
-        float M, L, f[ATT_WARPS];
-        att_block_weights(sm, sl, f, M, L);
-        att_slice_put<DPL>(cp, sacc, f, M, L, hd, lane);
+        float M, L, f[W];
+        att_block_weights<W>(sm, sl, f, M, L);
+        att_slice_put<DPL, W>(cp, sacc, f, M, L, hd, lane);
     }
     cluster_sync_all();
     if (sp == 0 && warp == 0) {
@@ -641,8 +648,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                float softcap, float* out, int ostride, float* part, u32* counters,
                                                i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
                                                float eps, const float* cosb, const float* sinb, int neox) {
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
-    __shared__ float sacc[ATT_WARPS][DPL * 32];
+    constexpr int W = ATT_DEC_WARPS(DPL);
+    __shared__ float sm[W], sl[W];
+    __shared__ float sacc[W][DPL * 32];
     __shared__ int last;
     // CLU: grid (S, heads, tokens) in clusters of S; else (heads, tokens, S).
     int h = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
@@ -668,7 +676,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // its last n at most) were written by finished steps. So the warp's
     // first position's K and V are loaded while qkv_post still runs.
     // Its first PRE positions, in fact (a 16-slice split of a few hundred
-    // positions gives each warp one to four); the loop then keeps PRE
+    // positions gives each warp one or two); the loop then keeps PRE
     // loads in flight (below).
     constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
     int p0 = start + warp;
@@ -676,7 +684,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     float k0[PRE][DPL], v0[PRE][DPL];
 #pragma unroll
     for (int j = 0; j < PRE; j++) {
-        int p = p0 + j * ATT_WARPS;
+        int p = p0 + j * W;
         pre[j] = p < end && p + ntok <= (int)pos;
         if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
@@ -695,7 +703,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // of its warp's) is taken after the loop, from the QKV row, whose K and
     // V are loaded here with q (one round trip for both).
     bool own = FUSED && end == (int)pos + 1;
-    bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % ATT_WARPS == 0;
+    bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
     float okv[DPL], ovv[DPL];
     if (own_warp) {
         const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
@@ -716,16 +724,16 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // writes, with several tokens of a sequence) are filled now.
 #pragma unroll
     for (int j = 0; j < PRE; j++) {
-        int p = p0 + j * ATT_WARPS;
+        int p = p0 + j * W;
         if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
     }
-    for (int b = p0; b < lend; b += PRE * ATT_WARPS) {
+    for (int b = p0; b < lend; b += PRE * W) {
 #pragma unroll
         for (int j = 0; j < PRE; j++) {
-            int p = b + j * ATT_WARPS;
+            int p = b + j * W;
             if (p < lend) {
                 att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
-                int pn = p + PRE * ATT_WARPS;
+                int pn = p + PRE * W;
                 if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
             }
         }
@@ -753,13 +761,13 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     for (int i = 0; i < DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
     if (CLU) {
-        attention_cluster_merge<DPL>(sm, sl, sacc, hd, S, sp, warp, lane, out + (u64)t * ostride + h * hd, xq,
+        attention_cluster_merge<DPL, W>(sm, sl, sacc, hd, S, sp, warp, lane, out + (u64)t * ostride + h * hd, xq,
                                      xqd, xqs, ((u64)t * ostride + (u64)h * hd) >> 5);
         return;
     }
     if (warp != 0) return;
-    float M, L, f[ATT_WARPS];
-    att_block_weights(sm, sl, f, M, L);
+    float M, L, f[W];
+    att_block_weights<W>(sm, sl, f, M, L);
     float* o = out + (u64)t * ostride + h * hd;
     u64 blk0 = ((u64)t * ostride + (u64)h * hd) >> 5;
     if (S == 1) {
@@ -768,14 +776,14 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            ov[i] = (d < hd ? att_block_sum<DPL>(sacc, f, d) : 0.0f) * invL;
+            ov[i] = (d < hd ? att_block_sum<DPL, W>(sacc, f, d) : 0.0f) * invL;
         }
         att_store<DPL>(o, ov, hd, lane, xq, xqd, xqs, blk0);
         return;
     }
     // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
     u64 pair = (u64)t * n_heads + h;
-    att_slice_put<DPL>(part + (pair * S + sp) * (hd + 2), sacc, f, M, L, hd, lane);
+    att_slice_put<DPL, W>(part + (pair * S + sp) * (hd + 2), sacc, f, M, L, hd, lane);
     __threadfence();
     if (lane == 0) last = atomicAdd(counters + pair, 1u) == (u32)(S - 1);
     __syncwarp();

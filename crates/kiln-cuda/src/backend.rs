@@ -370,6 +370,16 @@ impl FlashCall {
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
+/// Threads a block of the split decode attention (`attention_d*` /
+/// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
+/// 256: 32 * ATT_DEC_WARPS(DPL) in ops.cu.
+fn att_dec_threads(dpl: usize) -> u32 {
+    if dpl == 0 {
+        256
+    } else {
+        128
+    }
+}
 /// The most slices a context of `max_ctx` positions is split into: one per
 /// this many positions (up to ATT_SPLIT_MAX).
 const ATT_SLICE_MIN: usize = 16;
@@ -1630,7 +1640,7 @@ impl CudaBackend {
         } else {
             k.attention_cl
                 .iter()
-                .map(|&f| gpu.max_cluster(f, 128, ATT_SPLIT_MAX as u32))
+                .map(|&f| gpu.max_cluster(f, att_dec_threads(1), ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize
         };
@@ -2996,15 +3006,21 @@ impl CudaBackend {
                     self.gpu.launch_cluster(
                         self.k.attention_cl[usize::from(fused)],
                         (split as u32, att_heads as u32, n as u32),
-                        128,
+                        att_dec_threads(dpl),
                         split as u32,
                         args.get(),
                     )?;
                 } else {
+                    // `attention_g*` keep ATT_WARPS (4) warps.
+                    let block = if gqa.is_some() {
+                        128
+                    } else {
+                        att_dec_threads(dpl)
+                    };
                     self.gpu.launch(
                         att_f,
                         (att_heads as u32, n as u32, split.max(1) as u32),
-                        128,
+                        block,
                         args.get(),
                     )?;
                 }
