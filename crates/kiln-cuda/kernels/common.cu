@@ -45,6 +45,41 @@ __device__ __forceinline__ void prefetch_l2(const u8* p, u64 bytes, int lane) {
     for (u64 o = (u64)lane * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
 
+// Weights the next GEMV reads, pulled into L2 by a latency-bound kernel
+// before it (the decode attention before the O projection, act_mul before
+// down): DRAM otherwise idles while that kernel runs. `l2_ahead` issues
+// the block's share of the byte ranges a (na bytes) then b (nb), split
+// evenly over the grid's blocks, from its thread 0 as bulk prefetches
+// (sm_90: the TMA unit walks them; no register waits on them). Pointers and
+// sizes are 16-byte multiples (the host's choice, AheadPlan).
+__device__ __forceinline__ void bulk_l2(const u8* p, u64 n) {
+#if __CUDA_ARCH__ >= 900
+    for (u64 o = 0; o < n; o += 32768) {
+        u32 m = (u32)min(n - o, (u64)32768);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(m) : "memory");
+    }
+#endif
+}
+
+__device__ __forceinline__ void l2_ahead(const u8* a, u64 na, const u8* b, u64 nb) {
+    u64 total = na + nb;
+    if (total == 0 || threadIdx.x != 0) return;
+    u64 nblk = (u64)gridDim.x * gridDim.y * gridDim.z;
+    u64 blk = blockIdx.x + (u64)gridDim.x * (blockIdx.y + (u64)gridDim.y * blockIdx.z);
+    u64 chunk = ((total + nblk - 1) / nblk + 15) & ~(u64)15;
+    u64 lo = blk * chunk, hi = min(lo + chunk, total);
+    if (lo >= hi) return;
+    if (lo < na) bulk_l2(a + lo, min(hi, na) - lo);
+    if (hi > na) {
+        u64 s = lo > na ? lo - na : 0;
+        bulk_l2(b + s, hi - na - s);
+    }
+}
+
+// The four kernel parameters l2_ahead takes, last in every kernel that has them.
+#define L2A_PARAMS const u8 *pfa, u64 pfna, const u8 *pfb, u64 pfnb
+#define L2A_ARGS pfa, pfna, pfb, pfnb
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -647,7 +647,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                int tstride, int bs, int nlg, int lig, int window, float scale,
                                                float softcap, float* out, int ostride, float* part, u32* counters,
                                                i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
-                                               float eps, const float* cosb, const float* sinb, int neox) {
+                                               float eps, const float* cosb, const float* sinb, int neox,
+                                               L2A_PARAMS) {
     constexpr int W = ATT_DEC_WARPS(DPL);
     __shared__ float sm[W], sl[W];
     __shared__ float sacc[W][DPL * 32];
@@ -690,6 +691,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     }
     HeadTables<DPL> ht;
     if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
+    l2_ahead(L2A_ARGS);
     PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
     float qv[DPL], acc[DPL];
@@ -806,21 +808,22 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
+        u32* counters, i8* xq, float* xqd, float* xqs, L2A_PARAMS) {                                   \
         attention_impl<DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
                                         tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
-                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);    \
+                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0,     \
+                                        L2A_ARGS);                                                      \
     }                                                                                                  \
     extern "C" __global__ void F(                                                                      \
         const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
-        const float* cosb, const float* sinb, int neox) {                                              \
+        const float* cosb, const float* sinb, int neox, L2A_PARAMS) {                                  \
         attention_impl<DPL, true, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx,  \
                                        tables, tstride, bs, nlg, lig, window, scale, softcap, out,      \
                                        ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, \
-                                       neox);                                                           \
+                                       neox, L2A_ARGS);                                                 \
     }
 ATTENTION(attention_d2, attention_f2, 2, false)
 ATTENTION(attention_d4, attention_f4, 4, false)
@@ -1112,7 +1115,9 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
 // With q (inter % 32 == 0, block a multiple of 32): also quantized to 8
 // bits per 32 values (a warp holds 32 consecutive, aligned values).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
-                                   float* out, i8* q, float* qd, float* qs, u16* oh, int fmt) { PDL_ENTRY();
+                                   float* out, i8* q, float* qd, float* qs, u16* oh, int fmt, L2A_PARAMS) {
+    l2_ahead(L2A_ARGS);
+    PDL_ENTRY();
     // grid: (blocks over inter, tokens); q needs inter % 32 == 0 (whole warps
     // on aligned 32-value blocks); oh as in add_norm.
     for (int t = blockIdx.y; t < n; t += gridDim.y) {

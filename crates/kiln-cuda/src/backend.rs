@@ -22,6 +22,7 @@ use kiln_format::dequant::{dequantize_to_vec, is_supported};
 use kiln_format::{Activation, GgmlType, Model, ModelTensor, NormKind, RopeStyle, TensorType};
 
 use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu, Graph};
+use crate::l2ahead::AheadPlan;
 
 /// Types the GEMV / embedding kernels read directly.
 pub fn kernel_type_name(ty: GgmlType) -> Option<&'static str> {
@@ -287,15 +288,15 @@ pub(crate) const MVF_NT_ROWS: usize = 4;
 
 /// A kernel argument list assembled from parts without allocating.
 struct ArgList {
-    a: [Arg; 32],
+    a: [Arg; 40],
     n: usize,
 }
 
 impl ArgList {
-    /// The parts in order (at most 32 arguments, as `Gpu::launch`).
+    /// The parts in order (at most 40 arguments, as `Gpu::launch`).
     fn of(parts: &[&[Arg]]) -> ArgList {
         let mut l = ArgList {
-            a: [Arg::I(0); 32],
+            a: [Arg::I(0); 40],
             n: 0,
         };
         for &a in parts.iter().flat_map(|p| p.iter()) {
@@ -309,6 +310,12 @@ impl ArgList {
         &self.a[..self.n]
     }
 }
+
+/// The L2 window of the decode attention and of act_mul: this many bytes
+/// of the next GEMV's weights when they are float (H100, tg256, 8 MiB
+/// against 4 and 16: 1B bf16 +3%, 8B bf16 +1.5%; a quantized GEMV preloads
+/// its rows before waiting and gains nothing: NOTES.md item 44).
+const L2_AHEAD: usize = 8 << 20;
 
 /// Prefill chunks of one sequence from position 0 with at least this many
 /// tokens run attention as two cuBLAS GEMMs around a softmax kernel
@@ -995,6 +1002,10 @@ pub struct CudaBackend {
     /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
     /// default: as many as fit).
     norm_blocks: Option<usize>,
+    /// Bytes of the next GEMV's weights the decode attention and act_mul
+    /// pull into L2 ([`AheadPlan`]; sm_90+, `$KILN_CUDA_L2PF`, default
+    /// L2_AHEAD; 0: none).
+    l2_ahead: usize,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1857,6 +1868,14 @@ impl CudaBackend {
             norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
+            l2_ahead: if gpu.info.cc.0 >= 9 {
+                std::env::var("KILN_CUDA_L2PF")
+                    .ok()
+                    .and_then(|v| parse_bytes(&v))
+                    .unwrap_or(L2_AHEAD)
+            } else {
+                0
+            },
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -2777,6 +2796,24 @@ impl CudaBackend {
 
     /// `chunk`: the batch is one sequence's consecutive tokens from this
     /// position.
+    /// The step's GEMV matrices as (pointer, bytes), one slot per GEMV in
+    /// the order a decode step runs them: per layer QKV, O, gate|up, down;
+    /// then the output projection ([`AheadPlan`]).
+    fn reading_order(&self) -> Vec<Vec<(u64, u64)>> {
+        let mats = |p: &Proj| -> Vec<(u64, u64)> {
+            p.parts
+                .iter()
+                .map(|(m, _)| (m.ptr(), (m.rows * m.row_bytes) as u64))
+                .collect()
+        };
+        let out = self.output.as_ref().unwrap_or(&self.embd);
+        self.layers
+            .iter()
+            .flat_map(|l| [mats(&l.qkv), mats(&l.o), mats(&l.gate_up), mats(&l.down)])
+            .chain([vec![(out.ptr(), (out.rows * out.row_bytes) as u64)]])
+            .collect()
+    }
+
     fn enqueue(
         &self,
         n: usize,
@@ -2826,6 +2863,15 @@ impl CudaBackend {
             (Fuse::Residual, s.x.ptr, s.x.ptr)
         } else {
             (Fuse::None, s.tmp.ptr, s.xn.ptr)
+        };
+        // L2 windows of one-token GEMV steps: GEMV slot 4 li + {0: QKV, 1:
+        // O, 2: gate|up, 3: down}, taken only before a float GEMV.
+        let cap = if self.mv_path(n) { self.l2_ahead } else { 0 };
+        let mut plan = AheadPlan::new(&self.reading_order(), cap as u64);
+        let float = |p: &Proj| {
+            p.parts
+                .first()
+                .is_some_and(|(m, _)| mvf_type_name(m.ty).is_some())
         };
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
@@ -2996,7 +3042,21 @@ impl CudaBackend {
                     [Arg::P(0), Arg::P(0), Arg::P(0)]
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
-                let args = ArgList::of(&[&att_head, &shape, att_tail.get(), &scratch, &o_q8, post]);
+                let ahead = if float(&l.o) {
+                    plan.before(4 * li + 1)
+                } else {
+                    Default::default()
+                };
+                let ahead = ahead.args();
+                let args = ArgList::of(&[
+                    &att_head,
+                    &shape,
+                    att_tail.get(),
+                    &scratch,
+                    &o_q8,
+                    post,
+                    &ahead,
+                ]);
                 // Split attention of head dims 65-128: the slices merged
                 // inside a cluster when they fit one. At 64 the global merge
                 // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
@@ -3053,14 +3113,12 @@ impl CudaBackend {
             };
             let h = self.half_args(&l.down, n);
             let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
-            self.gpu.launch(
-                self.k.act_mul,
-                (
-                    inter.div_ceil(256).clamp(1, 8192) as u32,
-                    n.min(65535) as u32,
-                    1,
-                ),
-                256,
+            let ahead = if float(&l.down) {
+                plan.before(4 * li + 3)
+            } else {
+                Default::default()
+            };
+            let act_args = ArgList::of(&[
                 &[
                     Arg::P(s.gu.ptr),
                     Arg::I(gu_stride as i32),
@@ -3075,6 +3133,17 @@ impl CudaBackend {
                     h[0],
                     h[1],
                 ],
+                &ahead.args(),
+            ]);
+            self.gpu.launch(
+                self.k.act_mul,
+                (
+                    inter.div_ceil(256).clamp(1, 8192) as u32,
+                    n.min(65535) as u32,
+                    1,
+                ),
+                256,
+                act_args.get(),
             )?;
             self.proj(&l.down, s.act.ptr, n, res_y, hid, down_staged, res)?;
             if fuse {

@@ -626,7 +626,7 @@ impl Gpu {
         cluster: u32,
         args: &[Arg],
     ) -> CuResult<()> {
-        const MAX: usize = 32;
+        const MAX: usize = 40;
         if args.len() > MAX {
             return Err(CudaError("too many kernel arguments".into()));
         }

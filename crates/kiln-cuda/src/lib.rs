@@ -18,6 +18,7 @@
 
 mod backend;
 pub mod gpu;
+mod l2ahead;
 mod pinned;
 pub mod testing;
 
