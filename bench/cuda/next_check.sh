@@ -126,21 +126,21 @@ attprof)
       | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
   done; done ;;
 l2win)
-  # NOTES.md item 44 (branch l2-window): the decode attention and act_mul pull the next float
-  # GEMV's first 8 MiB into L2. Branch (kiln.xz, cuda_check.xz) against main (kiln_a.xz,
+  # NOTES.md item 44 (branch l2-window): the decode attention (attention_fl* / cfl4) and act_mul
+  # pull the next float GEMV's first 8 MiB into L2; every other kernel's SASS is main's. Branch (kiln.xz, cuda_check.xz) against main (kiln_a.xz,
   # cuda_check_a.xz): fixtures, logits bit-identical, tg256 p16 alternated twice, then the
   # #7 bench (-p 2048 -n 256 -r 3) for the bf16 rows.
   /tmp/kiln synth Llama-3.2-1B /tmp/w1 --types q4_0 > /dev/null 2>&1 &
   timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
   echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep FAIL $OUT/checks.txt | head -3
-  wait; /tmp/kiln synth Llama-3.1-8B /tmp/w8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  wait; /tmp/kiln synth Llama-3.1-8B /tmp/w8 --types q4_0,q8_0 > /dev/null 2>&1; date -u +%T
   IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
   for t in hf q4_0; do
     m=/tmp/w1/model-$t.gguf; [ $t = hf ] && m=/tmp/w1/hf
     /tmp/cc_a --logits $m "$IDS" /tmp/a_$t.bin 2>/dev/null; /tmp/cc --logits $m "$IDS" /tmp/b_$t.bin 2>/dev/null
     cmp -n $((3 * 24 * 128256 * 4)) /tmp/a_$t.bin /tmp/b_$t.bin && echo "1B $t: branch = main, bit for bit"
   done
-  for r in 1 2; do for m in w8/hf w1/hf w1/model-q4_0.gguf w8/model-q4_0.gguf; do for b in kiln_a kiln; do
+  for r in 1 2; do for m in w8/hf w1/hf w1/model-q4_0.gguf w8/model-q4_0.gguf w8/model-q8_0.gguf; do for b in kiln_a kiln; do
     echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done
   for m in w8/hf w1/hf; do

@@ -639,8 +639,9 @@ __device__ __forceinline__ void attention_cluster_merge(const float* sm, const f
 // position computes that position's K (and reads V) from the QKV row rather
 // than the cache, and the first query head of each KV group writes both to
 // the cache for later steps. CLU: the slices merge inside a cluster
-// (attention_cluster_merge).
-template <int DPL, bool FUSED, bool CLU = false>
+// (attention_cluster_merge). L2W: the block also issues its share of an L2
+// window (l2_ahead) for the O projection after it, before its PDL wait.
+template <int DPL, bool FUSED, bool CLU = false, bool L2W = false>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -648,7 +649,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                float softcap, float* out, int ostride, float* part, u32* counters,
                                                i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
                                                float eps, const float* cosb, const float* sinb, int neox,
-                                               L2A_PARAMS) {
+                                               const u8* pfa = nullptr, u64 pfna = 0, const u8* pfb = nullptr,
+                                               u64 pfnb = 0) {
     constexpr int W = ATT_DEC_WARPS(DPL);
     __shared__ float sm[W], sl[W];
     __shared__ float sacc[W][DPL * 32];
@@ -691,7 +693,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     }
     HeadTables<DPL> ht;
     if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
-    l2_ahead(L2A_ARGS);
+    if (L2W) l2_ahead(L2A_ARGS);
     PDL_ENTRY();
     const float* qh = q + (u64)t * qstride + h * hd;
     float qv[DPL], acc[DPL];
@@ -808,27 +810,45 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, i8* xq, float* xqd, float* xqs, L2A_PARAMS) {                                   \
+        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
         attention_impl<DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
                                         tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
-                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0,     \
-                                        L2A_ARGS);                                                      \
+                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);    \
     }                                                                                                  \
     extern "C" __global__ void F(                                                                      \
         const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
-        const float* cosb, const float* sinb, int neox, L2A_PARAMS) {                                  \
+        const float* cosb, const float* sinb, int neox) {                                              \
         attention_impl<DPL, true, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx,  \
                                        tables, tstride, bs, nlg, lig, window, scale, softcap, out,      \
                                        ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, \
-                                       neox, L2A_ARGS);                                                 \
+                                       neox);                                                           \
     }
 ATTENTION(attention_d2, attention_f2, 2, false)
 ATTENTION(attention_d4, attention_f4, 4, false)
 ATTENTION(attention_d8, attention_f8, 8, false)
 ATTENTION(attention_cd4, attention_cf4, 4, true)
+
+// The F kernels with an L2 window (l2_ahead), for layers whose O projection
+// reads float weights (the backend's AheadPlan); their own kernels so that
+// the others keep their code as it was.
+#define ATTENTION_L2W(FL, DPL, CLU)                                                                    \
+    extern "C" __global__ void FL(                                                                     \
+        const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
+        const float* cosb, const float* sinb, int neox, L2A_PARAMS) {                                  \
+        attention_impl<DPL, true, CLU, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends,    \
+                                             rowidx, tables, tstride, bs, nlg, lig, window, scale,      \
+                                             softcap, out, ostride, part, counters, xq, xqd, xqs, qnw,  \
+                                             knw, eps, cosb, sinb, neox, L2A_ARGS);                     \
+    }
+ATTENTION_L2W(attention_fl2, 2, false)
+ATTENTION_L2W(attention_fl4, 4, false)
+ATTENTION_L2W(attention_cfl4, 4, true)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).
@@ -1114,6 +1134,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
 // With q (inter % 32 == 0, block a multiple of 32): also quantized to 8
 // bits per 32 values (a warp holds 32 consecutive, aligned values).
+// L2A: a window for the down projection after it (l2_ahead; zeros: none).
 extern "C" __global__ void act_mul(const float* gu, int stride, int inter, int n, int gated, int kind,
                                    float* out, i8* q, float* qd, float* qs, u16* oh, int fmt, L2A_PARAMS) {
     l2_ahead(L2A_ARGS);

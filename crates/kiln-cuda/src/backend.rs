@@ -22,7 +22,7 @@ use kiln_format::dequant::{dequantize_to_vec, is_supported};
 use kiln_format::{Activation, GgmlType, Model, ModelTensor, NormKind, RopeStyle, TensorType};
 
 use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu, Graph};
-use crate::l2ahead::AheadPlan;
+use crate::l2ahead::{Ahead, AheadPlan};
 
 /// Types the GEMV / embedding kernels read directly.
 pub fn kernel_type_name(ty: GgmlType) -> Option<&'static str> {
@@ -723,6 +723,9 @@ struct Kernels {
     /// `attention_d4` ([0]) and `attention_f4` ([1]) merging their slices
     /// inside a thread-block cluster (`attention_cd4` / `attention_cf4`).
     attention_cl: [cudarc::driver::sys::CUfunction; 2],
+    /// `attention_f2` / `f4` / `cf4` issuing an L2 window ([`AheadPlan`]):
+    /// `attention_fl2` / `fl4` / `cfl4`.
+    attention_l2w: [cudarc::driver::sys::CUfunction; 3],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -856,6 +859,11 @@ impl Kernels {
             attention_tile: gpu.func("attention_tile")?,
             attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
             attention_cl: [gpu.func("attention_cd4")?, gpu.func("attention_cf4")?],
+            attention_l2w: [
+                gpu.func("attention_fl2")?,
+                gpu.func("attention_fl4")?,
+                gpu.func("attention_cfl4")?,
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1651,6 +1659,7 @@ impl CudaBackend {
         } else {
             k.attention_cl
                 .iter()
+                .chain(&k.attention_l2w[2..])
                 .map(|&f| gpu.max_cluster(f, att_dec_threads(1), ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize
@@ -2794,8 +2803,6 @@ impl CudaBackend {
             .next_power_of_two()
     }
 
-    /// `chunk`: the batch is one sequence's consecutive tokens from this
-    /// position.
     /// The step's GEMV matrices as (pointer, bytes), one slot per GEMV in
     /// the order a decode step runs them: per layer QKV, O, gate|up, down;
     /// then the output projection ([`AheadPlan`]).
@@ -2814,6 +2821,8 @@ impl CudaBackend {
             .collect()
     }
 
+    /// `chunk`: the batch is one sequence's consecutive tokens from this
+    /// position.
     fn enqueue(
         &self,
         n: usize,
@@ -3042,12 +3051,15 @@ impl CudaBackend {
                     [Arg::P(0), Arg::P(0), Arg::P(0)]
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
-                let ahead = if float(&l.o) {
+                // The fused kernels' window versions take the window.
+                let ahead = if fused && float(&l.o) {
                     plan.before(4 * li + 1)
                 } else {
-                    Default::default()
+                    Ahead::default()
                 };
+                let l2w = ahead != Ahead::default();
                 let ahead = ahead.args();
+                let window: &[Arg] = if l2w { &ahead } else { &[] };
                 let args = ArgList::of(&[
                     &att_head,
                     &shape,
@@ -3055,7 +3067,7 @@ impl CudaBackend {
                     &scratch,
                     &o_q8,
                     post,
-                    &ahead,
+                    window,
                 ]);
                 // Split attention of head dims 65-128: the slices merged
                 // inside a cluster when they fit one. At 64 the global merge
@@ -3063,8 +3075,13 @@ impl CudaBackend {
                 // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
                 if dpl == 1 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
+                    let f = if l2w {
+                        self.k.attention_l2w[2]
+                    } else {
+                        self.k.attention_cl[usize::from(fused)]
+                    };
                     self.gpu.launch_cluster(
-                        self.k.attention_cl[usize::from(fused)],
+                        f,
                         (split as u32, att_heads as u32, n as u32),
                         att_dec_threads(dpl),
                         split as u32,
@@ -3077,8 +3094,13 @@ impl CudaBackend {
                     } else {
                         att_dec_threads(dpl)
                     };
+                    let f = if l2w {
+                        self.k.attention_l2w[d.head_dim / 128]
+                    } else {
+                        att_f
+                    };
                     self.gpu.launch(
-                        att_f,
+                        f,
                         (att_heads as u32, n as u32, split.max(1) as u32),
                         block,
                         args.get(),
@@ -3116,7 +3138,7 @@ impl CudaBackend {
             let ahead = if float(&l.down) {
                 plan.before(4 * li + 3)
             } else {
-                Default::default()
+                Ahead::default()
             };
             let act_args = ArgList::of(&[
                 &[
