@@ -1012,8 +1012,10 @@ pub struct CudaBackend {
     norm_blocks: Option<usize>,
     /// Bytes of the next GEMV's weights the decode attention and act_mul
     /// pull into L2 ([`AheadPlan`]; sm_90+, `$KILN_CUDA_L2PF`, default
-    /// L2_AHEAD; 0: none).
+    /// L2_AHEAD; 0: none); act_mul's own reach (`$KILN_CUDA_L2PF_ACT`,
+    /// default the same).
     l2_ahead: usize,
+    l2_ahead_act: usize,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1885,6 +1887,10 @@ impl CudaBackend {
             } else {
                 0
             },
+            l2_ahead_act: std::env::var("KILN_CUDA_L2PF_ACT")
+                .ok()
+                .and_then(|v| parse_bytes(&v))
+                .unwrap_or(L2_AHEAD),
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -3136,7 +3142,7 @@ impl CudaBackend {
             let h = self.half_args(&l.down, n);
             let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
             let ahead = if float(&l.down) {
-                plan.before(4 * li + 3)
+                plan.before_cap(4 * li + 3, self.l2_ahead_act as u64)
             } else {
                 Ahead::default()
             };

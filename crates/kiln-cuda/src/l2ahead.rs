@@ -75,14 +75,20 @@ impl AheadPlan {
     /// where the earlier windows stopped to `cap` bytes past that slot's
     /// start, cut to at most two ranges (the cursor stops where they end).
     pub(crate) fn before(&mut self, next: usize) -> Ahead {
+        self.before_cap(next, self.cap)
+    }
+
+    /// [`AheadPlan::before`] reaching `cap` bytes past the slot's start
+    /// instead of the plan's cap (the plan's 0 still turns it off).
+    pub(crate) fn before_cap(&mut self, next: usize, cap: u64) -> Ahead {
         let Some(&start) = self.slot_at.get(next) else {
             return Ahead::default();
         };
-        if self.cap == 0 {
+        if self.cap == 0 || cap == 0 {
             return Ahead::default();
         }
         let lo = self.cursor.max(start);
-        let hi = (start + self.cap / GRAIN * GRAIN).min(self.total);
+        let hi = (start + cap / GRAIN * GRAIN).min(self.total);
         let mut out = [0u64; 4];
         let mut k = 0;
         let mut at = lo;
