@@ -155,6 +155,17 @@ l2act)
     echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done
   rm -rf /tmp/a1 /tmp/a8; bash $0 targets ;;
+l2rule)
+  # NOTES.md item 44: act_mul's window at a quarter of the down projection (at most 24 MiB),
+  # the bf16 rows of the #7 table twice, and tg256 p16 against KILN_CUDA_L2PF_ACT=8M.
+  /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
+  date -u +%T
+  for r in 1 2; do for m in a8/hf a1/hf; do
+    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+    for v in X=1 KILN_CUDA_L2PF_ACT=8M; do
+      echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    done
+  done; done ;;
 longctx)
   # NOTES.md Next: do more slices pay at long contexts? kiln_s32 (branch att-split32: 32 slices
   # for one sequence, global merge) against itself at 16 and main (kiln.xz), tg2048 and tg256 p16,

@@ -311,11 +311,15 @@ impl ArgList {
     }
 }
 
-/// The L2 window of the decode attention and of act_mul: this many bytes
-/// of the next GEMV's weights when they are float (H100, tg256, 8 MiB
-/// against 4 and 16: 1B bf16 +3%, 8B bf16 +1.5%; a quantized GEMV preloads
-/// its rows before waiting and gains nothing: NOTES.md item 44).
+/// The L2 window of the decode attention: this many bytes of the O
+/// projection's weights (and on) when they are float. act_mul's window
+/// before the down projection is a quarter of that matrix, at most
+/// L2_AHEAD_ACT_MAX. (H100, tg256: 8 MiB for the attention beat 4 and 16;
+/// act_mul's best was 8 MiB at 1B, down 33.5 MB, and 24 at 8B, down 117
+/// MB; 1B lost 2-11% from 12 MiB up. Quantized GEMVs preload their rows
+/// before waiting and gained nothing. NOTES.md item 44.)
 const L2_AHEAD: usize = 8 << 20;
+const L2_AHEAD_ACT_MAX: usize = 24 << 20;
 
 /// Prefill chunks of one sequence from position 0 with at least this many
 /// tokens run attention as two cuBLAS GEMMs around a softmax kernel
@@ -1012,10 +1016,10 @@ pub struct CudaBackend {
     norm_blocks: Option<usize>,
     /// Bytes of the next GEMV's weights the decode attention and act_mul
     /// pull into L2 ([`AheadPlan`]; sm_90+, `$KILN_CUDA_L2PF`, default
-    /// L2_AHEAD; 0: none); act_mul's own reach (`$KILN_CUDA_L2PF_ACT`,
-    /// default the same).
+    /// L2_AHEAD; 0: none); act_mul's own reach (`$KILN_CUDA_L2PF_ACT`;
+    /// default: a quarter of the down projection, see L2_AHEAD_ACT_MAX).
     l2_ahead: usize,
-    l2_ahead_act: usize,
+    l2_ahead_act: Option<usize>,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1889,8 +1893,7 @@ impl CudaBackend {
             },
             l2_ahead_act: std::env::var("KILN_CUDA_L2PF_ACT")
                 .ok()
-                .and_then(|v| parse_bytes(&v))
-                .unwrap_or(L2_AHEAD),
+                .and_then(|v| parse_bytes(&v)),
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -3142,7 +3145,12 @@ impl CudaBackend {
             let h = self.half_args(&l.down, n);
             let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
             let ahead = if float(&l.down) {
-                plan.before_cap(4 * li + 3, self.l2_ahead_act as u64)
+                let down_bytes: usize =
+                    l.down.parts.iter().map(|(m, _)| m.rows * m.row_bytes).sum();
+                let reach = self
+                    .l2_ahead_act
+                    .unwrap_or((down_bytes / 4).min(L2_AHEAD_ACT_MAX));
+                plan.before_cap(4 * li + 3, reach as u64)
             } else {
                 Ahead::default()
             };
