@@ -166,6 +166,15 @@ l2rule)
       echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done
   done; done ;;
+l2att)
+  # NOTES.md item 44: the decode attention's reach (KILN_CUDA_L2PF) around its 8 MiB default with
+  # act_mul's quarter-of-down window, tg256 p16, 8B and 1B bf16, two rounds; then the #7 bench.
+  /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
+  date -u +%T
+  for r in 1 2; do for m in a8/hf a1/hf; do for v in X=1 KILN_CUDA_L2PF=6M KILN_CUDA_L2PF=10M KILN_CUDA_L2PF=12M; do
+    echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done; done
+  echo "a8/hf #7: $(/tmp/kiln bench /tmp/a8/hf --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')" ;;
 longctx)
   # NOTES.md Next: do more slices pay at long contexts? kiln_s32 (branch att-split32: 32 slices
   # for one sequence, global merge) against itself at 16 and main (kiln.xz), tg2048 and tg256 p16,
