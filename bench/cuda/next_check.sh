@@ -16,11 +16,12 @@
 #   bash bench/cuda/next_check.sh targets  # the #7 table (kiln.xz): pp2048 / tg256 for 1B and 8B, $TARGET_TYPES; BATCH=1 batched rows
 #   bash bench/cuda/next_check.sh knobs    # env-only: attention slices / global merge, fused GEMVs' blocks an SM (kiln.xz)
 #   bash bench/cuda/next_check.sh longctx  # 32 slices (kiln_s32.xz, branch att-split32) vs 16 and main at tg2048 / tg256
-#   bash bench/cuda/next_check.sh w8       # branch att-w8 (kiln_w8.xz): fixtures x3, then tg256 / tg2048 1B against main
-#   bash bench/cuda/next_check.sh l2win    # branch l2-window (kiln.xz) vs main (kiln_a.xz): fixtures, bits, tg256 A/B, bf16 #7 rows
+#   bash bench/cuda/next_check.sh l2win    # kiln.xz vs kiln_a.xz (L2 windows vs before): fixtures, bits, tg256 A/B, bf16 #7 rows
+#   bash bench/cuda/next_check.sh l2sweep  # env-only L2 window reaches ($L2_VARIANTS), 8B / 1B bf16, then their #7 rows
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
-# history (945516c); split32 is on branch att-split32.
+# history (945516c); split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
+# l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -146,35 +147,19 @@ l2win)
   for m in w8/hf w1/hf; do
     echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
   done ;;
-l2act)
-  # NOTES.md item 44: act_mul's window (KILN_CUDA_L2PF_ACT) against the attention's 8 MiB,
-  # tg256 p16, 8B and 1B bf16, two rounds; then the #7 table (`targets`) with kiln.xz.
+l2sweep)
+  # NOTES.md item 44: env-only settings of the L2 windows ($L2_VARIANTS; the attention's reach
+  # KILN_CUDA_L2PF, act_mul's KILN_CUDA_L2PF_ACT), tg256 p16, 8B and 1B bf16, two rounds; then
+  # the #7 bench (-p 2048 -n 256 -r 3) of both with the defaults.
+  V=${L2_VARIANTS:-X=1 KILN_CUDA_L2PF=6M KILN_CUDA_L2PF=12M KILN_CUDA_L2PF_ACT=8M KILN_CUDA_L2PF_ACT=16M}
   /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
   date -u +%T
-  for r in 1 2; do for m in a8/hf a1/hf; do for v in X=1 KILN_CUDA_L2PF_ACT=12M KILN_CUDA_L2PF_ACT=16M KILN_CUDA_L2PF_ACT=24M; do
+  for r in 1 2; do for m in a8/hf a1/hf; do for v in $V; do
     echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
   done; done; done
-  rm -rf /tmp/a1 /tmp/a8; bash $0 targets ;;
-l2rule)
-  # NOTES.md item 44: act_mul's window at a quarter of the down projection (at most 24 MiB),
-  # the bf16 rows of the #7 table twice, and tg256 p16 against KILN_CUDA_L2PF_ACT=8M.
-  /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
-  date -u +%T
-  for r in 1 2; do for m in a8/hf a1/hf; do
+  for m in a8/hf a1/hf; do
     echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
-    for v in X=1 KILN_CUDA_L2PF_ACT=8M; do
-      echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-    done
-  done; done ;;
-l2att)
-  # NOTES.md item 44: the decode attention's reach (KILN_CUDA_L2PF) around its 8 MiB default with
-  # act_mul's quarter-of-down window, tg256 p16, 8B and 1B bf16, two rounds; then the #7 bench.
-  /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
-  date -u +%T
-  for r in 1 2; do for m in a8/hf a1/hf; do for v in X=1 KILN_CUDA_L2PF=6M KILN_CUDA_L2PF=10M KILN_CUDA_L2PF=12M; do
-    echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done
-  echo "a8/hf #7: $(/tmp/kiln bench /tmp/a8/hf --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')" ;;
+  done ;;
 longctx)
   # NOTES.md Next: do more slices pay at long contexts? kiln_s32 (branch att-split32: 32 slices
   # for one sequence, global merge) against itself at 16 and main (kiln.xz), tg2048 and tg256 p16,
@@ -188,20 +173,6 @@ longctx)
       echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done
   done; done; done ;;
-w8)
-  # NOTES.md item 43 (branch att-w8): decode attention blocks of 8 warps for head dims <= 64.
-  # Not bit-identical to main (positions spread over 8 warps): fixtures against the references,
-  # with the default split, one slice and 16; then tg256 / tg2048 p16 against main, 1B Q4_0 / bf16
-  # (8B unchanged: head dim 128), two rounds.
-  for b in kiln_w8 cuda_check_w8; do xz -dc .device/$b.xz > /tmp/$b && chmod +x /tmp/$b; done
-  for v in X=1 KILN_CUDA_ATT_SPLIT=1 KILN_CUDA_ATT_SPLIT=16; do
-    env $v timeout 200 /tmp/cuda_check_w8 --fixtures tests/data/fixtures > $OUT/checks_w8_${v%%=*}.txt 2>&1
-    echo "[$v] rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks_w8_${v%%=*}.txt; grep -E 'FAIL' $OUT/checks_w8_${v%%=*}.txt | head -3
-  done
-  /tmp/kiln synth Llama-3.2-1B /tmp/w1 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for n in 256 2048; do for r in 1 2; do for b in kiln kiln_w8; do for m in model-q4_0.gguf hf; do
-    echo "tg$n $b $m $(/tmp/$b bench /tmp/w1/$m --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
-  done; done; done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
