@@ -18,6 +18,7 @@
 #   bash bench/cuda/next_check.sh longctx  # 32 slices (kiln_s32.xz, branch att-split32) vs 16 and main at tg2048 / tg256
 #   bash bench/cuda/next_check.sh l2win    # kiln.xz vs kiln_a.xz (L2 windows vs before): fixtures, bits, tg256 A/B, bf16 #7 rows
 #   bash bench/cuda/next_check.sh l2sweep  # env-only L2 window reaches ($L2_VARIANTS), 8B / 1B bf16, then their #7 rows
+#   bash bench/cuda/next_check.sh l2batch  # the L2 windows on vs off in batched decode (8B bf16, 8 / 128 sequences)
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
@@ -160,6 +161,13 @@ l2sweep)
   for m in a8/hf a1/hf; do
     echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
   done ;;
+l2batch)
+  # NOTES.md item 44: the L2 windows in batched decode (8B bf16, 8 and 128 sequences of 128 + 128,
+  # the README's rows), defaults against KILN_CUDA_L2PF=0, twice.
+  /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1; date -u +%T
+  for r in 1 2; do for v in X=1 KILN_CUDA_L2PF=0; do
+    echo "[$v]"; env $v /tmp/kiln bench /tmp/a8/hf --device cuda --batch 8,128 -p 128 -n 128 2>&1 | tail -3
+  done; done ;;
 longctx)
   # NOTES.md Next: do more slices pay at long contexts? kiln_s32 (branch att-split32: 32 slices
   # for one sequence, global merge) against itself at 16 and main (kiln.xz), tg2048 and tg256 p16,
