@@ -636,6 +636,10 @@ impl DMat {
     fn ptr(&self) -> u64 {
         self.buf.ptr + self.off
     }
+
+    fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
 }
 
 /// One projection's output written by one or more matrices, each into its
@@ -644,6 +648,13 @@ struct Proj {
     parts: Vec<(DMat, usize)>,
     rows: usize,
     bias: Option<DevBuf>,
+}
+
+impl Proj {
+    /// Weight bytes over all parts.
+    fn bytes(&self) -> usize {
+        self.parts.iter().map(|(m, _)| m.bytes()).sum()
+    }
 }
 
 struct DNorm {
@@ -1020,6 +1031,8 @@ pub struct CudaBackend {
     /// default: a quarter of the down projection, see L2_AHEAD_ACT_MAX).
     l2_ahead: usize,
     l2_ahead_act: Option<usize>,
+    /// The decode step's weights in reading order, for the windows.
+    ahead_plan: AheadPlan,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1894,6 +1907,7 @@ impl CudaBackend {
             l2_ahead_act: std::env::var("KILN_CUDA_L2PF_ACT")
                 .ok()
                 .and_then(|v| parse_bytes(&v)),
+            ahead_plan: AheadPlan::default(),
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -1909,6 +1923,7 @@ impl CudaBackend {
             gpu,
         };
         be.fuse_norm = opts.fuse_norm && be.norm_fusable();
+        be.ahead_plan = AheadPlan::new(&be.reading_order());
         Ok(be)
     }
 
@@ -1923,14 +1938,13 @@ impl CudaBackend {
     /// Bytes of weights read per decoded token (all matrices but the
     /// embedding table, plus the output matrix, tied or not).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let proj = |p: &Proj| -> usize { p.parts.iter().map(|(m, _)| m.rows * m.row_bytes).sum() };
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| proj(&l.qkv) + proj(&l.o) + proj(&l.gate_up) + proj(&l.down))
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
             .sum();
         let out = self.output.as_ref().unwrap_or(&self.embd);
-        layers + out.rows * out.row_bytes
+        layers + out.bytes()
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -2819,14 +2833,14 @@ impl CudaBackend {
         let mats = |p: &Proj| -> Vec<(u64, u64)> {
             p.parts
                 .iter()
-                .map(|(m, _)| (m.ptr(), (m.rows * m.row_bytes) as u64))
+                .map(|(m, _)| (m.ptr(), m.bytes() as u64))
                 .collect()
         };
         let out = self.output.as_ref().unwrap_or(&self.embd);
         self.layers
             .iter()
             .flat_map(|l| [mats(&l.qkv), mats(&l.o), mats(&l.gate_up), mats(&l.down)])
-            .chain([vec![(out.ptr(), (out.rows * out.row_bytes) as u64)]])
+            .chain([vec![(out.ptr(), out.bytes() as u64)]])
             .collect()
     }
 
@@ -2885,7 +2899,7 @@ impl CudaBackend {
         // L2 windows of one-token GEMV steps: GEMV slot 4 li + {0: QKV, 1:
         // O, 2: gate|up, 3: down}, taken only before a float GEMV.
         let cap = if self.mv_path(n) { self.l2_ahead } else { 0 };
-        let mut plan = AheadPlan::new(&self.reading_order(), cap as u64);
+        let mut plan = self.ahead_plan.windows(cap as u64);
         let float = |p: &Proj| {
             p.parts
                 .first()
@@ -3145,11 +3159,9 @@ impl CudaBackend {
             let h = self.half_args(&l.down, n);
             let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
             let ahead = if float(&l.down) {
-                let down_bytes: usize =
-                    l.down.parts.iter().map(|(m, _)| m.rows * m.row_bytes).sum();
                 let reach = self
                     .l2_ahead_act
-                    .unwrap_or((down_bytes / 4).min(L2_AHEAD_ACT_MAX));
+                    .unwrap_or((l.down.bytes() / 4).min(L2_AHEAD_ACT_MAX));
                 plan.before_cap(4 * li + 3, reach as u64)
             } else {
                 Ahead::default()
@@ -3505,9 +3517,10 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn glu_grid_fits_the_kernels_ranges() {
-        use super::{glu_grid, MVQS_GLU_RANGES};
         // 1B (256 ranges) and 8B (448) on 264 resident blocks, as on the H100.
         assert_eq!(glu_grid(256, 264), 256);
         assert_eq!(glu_grid(448, 264), 224);
@@ -3528,8 +3541,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
     /// shared-memory row buffer does, and starts at the 7 scales that may

@@ -26,7 +26,9 @@ impl Ahead {
 /// 16-byte multiples.
 const GRAIN: u64 = 16;
 
-/// A step's weights in reading order, cut into GEMV slots.
+/// A step's weights in reading order, cut into GEMV slots (built once:
+/// the weights never move).
+#[derive(Default)]
 pub(crate) struct AheadPlan {
     /// (device pointer, bytes) of each weight matrix, in reading order.
     segs: Vec<(u64, u64)>,
@@ -35,6 +37,11 @@ pub(crate) struct AheadPlan {
     /// Offset where GEMV slot i's weights start.
     slot_at: Vec<u64>,
     total: u64,
+}
+
+/// One step's walk through an [`AheadPlan`].
+pub(crate) struct Windows<'a> {
+    plan: &'a AheadPlan,
     cap: u64,
     /// How far earlier windows reached.
     cursor: u64,
@@ -42,8 +49,8 @@ pub(crate) struct AheadPlan {
 
 impl AheadPlan {
     /// `slots`: each GEMV's matrices as (pointer, bytes), in the order the
-    /// step runs them. `cap` 0 plans nothing.
-    pub(crate) fn new(slots: &[Vec<(u64, u64)>], cap: u64) -> AheadPlan {
+    /// step runs them.
+    pub(crate) fn new(slots: &[Vec<(u64, u64)>]) -> AheadPlan {
         let (mut segs, mut seg_at, mut slot_at) = (Vec::new(), Vec::new(), Vec::new());
         let mut at = 0u64;
         for slot in slots {
@@ -66,11 +73,21 @@ impl AheadPlan {
             seg_at,
             slot_at,
             total: at,
+        }
+    }
+
+    /// A step's windows, each reaching at most `cap` bytes past the start
+    /// of the GEMV it precedes (0: none).
+    pub(crate) fn windows(&self, cap: u64) -> Windows<'_> {
+        Windows {
+            plan: self,
             cap,
             cursor: 0,
         }
     }
+}
 
+impl Windows<'_> {
     /// The window of a kernel that runs before GEMV slot `next`: from
     /// where the earlier windows stopped to `cap` bytes past that slot's
     /// start, cut to at most two ranges (the cursor stops where they end).
@@ -78,25 +95,26 @@ impl AheadPlan {
         self.before_cap(next, self.cap)
     }
 
-    /// [`AheadPlan::before`] reaching `cap` bytes past the slot's start
-    /// instead of the plan's cap (the plan's 0 still turns it off).
+    /// [`Windows::before`] reaching `cap` bytes past the slot's start
+    /// instead of the step's cap (the step's 0 still turns it off).
     pub(crate) fn before_cap(&mut self, next: usize, cap: u64) -> Ahead {
-        let Some(&start) = self.slot_at.get(next) else {
+        let plan = self.plan;
+        let Some(&start) = plan.slot_at.get(next) else {
             return Ahead::default();
         };
         if self.cap == 0 || cap == 0 {
             return Ahead::default();
         }
         let lo = self.cursor.max(start);
-        let hi = (start + cap / GRAIN * GRAIN).min(self.total);
+        let hi = (start + cap / GRAIN * GRAIN).min(plan.total);
         let mut out = [0u64; 4];
         let mut k = 0;
         let mut at = lo;
         // The segment holding `at`: the last one starting at or before it.
-        let mut i = self.seg_at.partition_point(|&s| s <= at).saturating_sub(1);
-        while at < hi && k < 2 && i < self.segs.len() {
-            let (p, n) = self.segs[i];
-            let (s0, s1) = (self.seg_at[i], self.seg_at[i] + n);
+        let mut i = plan.seg_at.partition_point(|&s| s <= at).saturating_sub(1);
+        while at < hi && k < 2 && i < plan.segs.len() {
+            let (p, n) = plan.segs[i];
+            let (s0, s1) = (plan.seg_at[i], plan.seg_at[i] + n);
             if at < s1 {
                 let end = hi.min(s1);
                 out[2 * k] = p + (at - s0);
@@ -115,21 +133,19 @@ impl AheadPlan {
 mod tests {
     use super::*;
 
-    fn plan(cap: u64) -> AheadPlan {
+    fn plan() -> AheadPlan {
         // Three slots: one matrix, two matrices, one matrix.
-        AheadPlan::new(
-            &[
-                vec![(0x1000, 0x100)],
-                vec![(0x8000, 0x40), (0x9000, 0x80)],
-                vec![(0x20000, 0x1000)],
-            ],
-            cap,
-        )
+        AheadPlan::new(&[
+            vec![(0x1000, 0x100)],
+            vec![(0x8000, 0x40), (0x9000, 0x80)],
+            vec![(0x20000, 0x1000)],
+        ])
     }
 
     #[test]
     fn windows_follow_reading_order_without_overlap() {
-        let mut p = plan(0x100);
+        let plan = plan();
+        let mut p = plan.windows(0x100);
         // Before slot 1: its two matrices (0xc0 bytes), then 0x40 of slot 2.
         assert_eq!(p.before(1), Ahead([0x8000, 0x40, 0x9000, 0x80]));
         // The same slot again: the cursor stopped after two ranges.
@@ -142,8 +158,9 @@ mod tests {
 
     #[test]
     fn zero_cap_and_unaligned_ranges() {
-        assert_eq!(plan(0).before(1), Ahead::default());
-        let mut p = AheadPlan::new(&[vec![(0x1008, 0x30)], vec![(0x2004, 0x20)]], 1 << 20);
+        assert_eq!(plan().windows(0).before(1), Ahead::default());
+        let plan = AheadPlan::new(&[vec![(0x1008, 0x30)], vec![(0x2004, 0x20)]]);
+        let mut p = plan.windows(1 << 20);
         // 0x1008..0x1038 keeps the grains 0x1010..0x1030; 0x2004..0x2024 keeps 0x2010..0x2020.
         assert_eq!(p.before(0), Ahead([0x1010, 0x20, 0x2010, 0x10]));
         assert_eq!(p.before(1), Ahead::default());
