@@ -19,9 +19,11 @@
 #   bash bench/cuda/next_check.sh l2win    # kiln.xz vs kiln_a.xz (L2 windows vs before): fixtures, bits, tg256 A/B, bf16 #7 rows
 #   bash bench/cuda/next_check.sh l2sweep  # env-only L2 window reaches ($L2_VARIANTS), 8B / 1B bf16, then their #7 rows
 #   bash bench/cuda/next_check.sh l2batch  # the L2 windows on vs off in batched decode (8B bf16, 8 / 128 sequences)
+#   bash bench/cuda/next_check.sh sync     # cuda_check --sync-micro (persistent-kernel barrier vs kernel boundary), then `targets`
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
-# history (945516c); split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
+# history (945516c); the eleventh session's even / mvfn A/Bs (items 45, 46) were the `l2win`
+# pattern with env variants; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
 # l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
@@ -181,6 +183,12 @@ longctx)
       echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
     done
   done; done; done ;;
+sync)
+  # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
+  # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).
+  timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12
+  date -u +%T
+  bash "$0" targets ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.

@@ -1418,6 +1418,31 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// `--sync-micro`: a grid-wide barrier inside one persistent kernel against
+/// a kernel boundary under programmatic dependent launch, per phase of a
+/// decode step (`kiln_cuda::testing::sync_micro`): grids of 1, 2 and 4
+/// blocks of 256 threads an SM, phases that only meet, and phases that
+/// write a GEMV's outputs and read the next GEMV's x (1B and 8B hidden).
+fn sync_micro() -> Result<(), String> {
+    let mut gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let sms = gpu.info.sms.max(1) as u32;
+    println!("| blocks | floats written a block / read a block | barrier in one kernel µs | kernel boundary µs |");
+    println!("|---|---|---|---|");
+    for per_sm in [1, 2, 4] {
+        let blocks = per_sm * sms;
+        for (w, r) in [
+            (0, 0),
+            (3072 / blocks as usize, 2048),
+            (6144 / blocks as usize, 4096),
+        ] {
+            let (p, k) = kiln_cuda::testing::sync_micro(&mut gpu, blocks, 256, 2000, w, r)
+                .map_err(|e| e.to_string())?;
+            println!("| {blocks} | {w} / {r} | {p:.2} | {k:.2} |");
+        }
+    }
+    Ok(())
+}
+
 /// `--gemv-micro [SHAPE/TYPE/KERNEL/ROWS_PER_BLOCK/THREADS ...]`: one-token
 /// GEMV kernels timed over a model shape's layer matrices (random bytes),
 /// chained in one graph as in decode; the whole chain and each matrix
@@ -1549,6 +1574,13 @@ fn main() {
                 println!("{e}");
                 std::process::exit(1);
             }
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--sync-micro") {
+        if let Err(e) = sync_micro() {
+            println!("{e}");
+            std::process::exit(1);
         }
         return;
     }

@@ -34,6 +34,18 @@ __device__ __forceinline__ void pdl_launch() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// The fence of a "last block merges" hand-off: each block writes its
+// partial result, fences, then counts itself with an atomic; the block that
+// counts last fences again and reads the others' partials. Release/acquire
+// at GPU scope is what that pattern needs; __threadfence() is the
+// sequentially consistent fence (MEMBAR.SC.GPU), which orders more.
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+#if __CUDA_ARCH__ >= 700
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
 #define PDL_ENTRY() \
     do {            \
         pdl_wait(); \

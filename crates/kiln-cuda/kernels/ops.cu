@@ -202,6 +202,56 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
 // in place (outputs stay right).
 extern "C" __global__ void nop() { PDL_ENTRY(); }
 
+// `cuda_check --sync-micro`: what a persistent decode kernel's grid-wide
+// barrier costs against the kernel boundary it would replace. A phase:
+// every block writes w floats of its own (a GEMV's output rows), then,
+// after all blocks' writes are visible, reads r floats of what they all
+// wrote (the next phase's x). sync_rounds: n phases in one kernel of G
+// co-resident blocks meeting at a counter (release / acquire, thread 0
+// spinning); `count` starts at 0 and `err` is set when a spin gives up.
+// sync_phase: one phase a kernel, launched n times under PDL.
+__device__ __forceinline__ float phase_read(const float* in, int total, int r) {
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < r; j += blockDim.x) acc += __ldcg(in + j % total);
+    return acc;
+}
+
+__device__ __forceinline__ void phase_write(float* out, int w, float acc) {
+    for (int j = threadIdx.x; j < w; j += blockDim.x) out[(u64)blockIdx.x * w + j] = acc + (float)j;
+}
+
+extern "C" __global__ void sync_rounds(u32* count, u32* err, float* buf, int n, int w, int r, float* sink) {
+    PDL_ENTRY();
+    int total = max(1, (int)gridDim.x * w);
+    float acc = 0.0f;
+    for (int i = 1; i <= n; i++) {
+        float* out = buf + (u64)(i & 1) * total;
+        phase_write(out, w, acc);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            fence_acq_rel_gpu();
+            atomicAdd(count, 1u);
+            u32 target = (u32)i * gridDim.x, v = 0;
+            for (u32 spin = 0; spin < (1u << 24); spin++) {
+                asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+                if (v >= target) break;
+            }
+            if (v < target) atomicExch(err, 1u);
+        }
+        __syncthreads();
+        if (r > 0) acc += phase_read(out, total, r);
+    }
+    if (acc == 1.2345e30f) sink[0] = acc;
+}
+
+extern "C" __global__ void sync_phase(float* buf, int i, int w, int r, float* sink) {
+    PDL_ENTRY();
+    int total = max(1, (int)gridDim.x * w);
+    float acc = r > 0 ? phase_read(buf + (u64)(i & 1) * total, total, r) : 0.0f;
+    phase_write(buf + (u64)((i + 1) & 1) * total, w, acc);
+    if (acc == 1.2345e30f) sink[0] = acc;
+}
+
 extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
                                     int kind, i8* q, float* qd, float* qs, u16* oh, int fmt) {
@@ -788,11 +838,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
     u64 pair = (u64)t * n_heads + h;
     att_slice_put<DPL, W>(part + (pair * S + sp) * (hd + 2), sacc, f, M, L, hd, lane);
-    __threadfence();
+    fence_acq_rel_gpu();
     if (lane == 0) last = atomicAdd(counters + pair, 1u) == (u32)(S - 1);
     __syncwarp();
     if (!last) return;
-    __threadfence();
+    fence_acq_rel_gpu();
     // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
     const float* base = part + pair * S * (hd + 2);
     float os[DPL];
@@ -1220,12 +1270,12 @@ extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out, float
     if (threadIdx.x == 0) {
         pv[(u64)row * nb + b] = best;
         pi[(u64)row * nb + b] = idx;
-        __threadfence();
+        fence_acq_rel_gpu();
         last = atomicAdd(&count[row], 1u) == nb - 1;
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
+    fence_acq_rel_gpu();
     best = -INFINITY;
     idx = NO_IDX;
     for (u32 k = threadIdx.x; k < nb; k += blockDim.x)

@@ -623,3 +623,89 @@ impl GemvChain {
         std::iter::once(per.iter().sum()).chain(per).collect()
     }
 }
+
+/// What one phase of a decode step costs when phases meet at a grid-wide
+/// barrier inside one persistent kernel, against one phase a kernel under
+/// programmatic dependent launch (`cuda_check --sync-micro`): `blocks`
+/// blocks of `block` threads, each phase writing `w` floats a block and
+/// then reading `r` floats of what all blocks wrote. Returns (µs a phase
+/// in one kernel, µs a phase as its own kernel in a graph); Err when the
+/// grid does not fit resident (the barrier would never open) or a spin
+/// gave up.
+pub fn sync_micro(
+    gpu: &mut Gpu,
+    blocks: u32,
+    block: u32,
+    phases: usize,
+    w: usize,
+    r: usize,
+) -> CuResult<(f64, f64)> {
+    gpu.bind()?;
+    let rounds = gpu.func("sync_rounds")?;
+    let one = gpu.func("sync_phase")?;
+    let resident = gpu.blocks_per_sm(rounds, block) * gpu.info.sms.max(1) as u32;
+    if blocks > resident {
+        return Err(CudaError(format!(
+            "{blocks} blocks of {block} threads do not fit resident ({resident})"
+        )));
+    }
+    let buf = DevBuf::zeroed(2 * (blocks as usize * w).max(1) * 4)?;
+    let sink = DevBuf::zeroed(16)?;
+    let err = DevBuf::zeroed(16)?;
+    let (wi, ri, n) = (w as i32, r as i32, phases as i32);
+    // Warm-up launch, then the timed one, each from a zeroed counter.
+    let mut persistent = 0.0;
+    for _ in 0..2 {
+        let count = DevBuf::zeroed(16)?;
+        gpu.sync()?;
+        let t = std::time::Instant::now();
+        gpu.launch(
+            rounds,
+            (blocks, 1, 1),
+            block,
+            &[
+                Arg::P(count.ptr),
+                Arg::P(err.ptr),
+                Arg::P(buf.ptr),
+                Arg::I(n),
+                Arg::I(wi),
+                Arg::I(ri),
+                Arg::P(sink.ptr),
+            ],
+        )?;
+        gpu.sync()?;
+        persistent = t.elapsed().as_secs_f64() / phases as f64;
+    }
+    let mut flag = [0u32; 4];
+    gpu.download_async(&mut flag, err.ptr)?;
+    gpu.sync()?;
+    if flag[0] != 0 {
+        return Err(CudaError("a barrier spin gave up".into()));
+    }
+    gpu.begin_capture()?;
+    for i in 0..n {
+        gpu.launch(
+            one,
+            (blocks, 1, 1),
+            block,
+            &[
+                Arg::P(buf.ptr),
+                Arg::I(i),
+                Arg::I(wi),
+                Arg::I(ri),
+                Arg::P(sink.ptr),
+            ],
+        )?;
+    }
+    let g = gpu.end_capture()?;
+    gpu.replay(&g)?;
+    gpu.sync()?;
+    let reps = 5;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        gpu.replay(&g)?;
+    }
+    gpu.sync()?;
+    let kernels = t.elapsed().as_secs_f64() / (reps * phases) as f64;
+    Ok((persistent * 1e6, kernels * 1e6))
+}
