@@ -20,10 +20,11 @@
 #   bash bench/cuda/next_check.sh l2sweep  # env-only L2 window reaches ($L2_VARIANTS), 8B / 1B bf16, then their #7 rows
 #   bash bench/cuda/next_check.sh l2batch  # the L2 windows on vs off in batched decode (8B bf16, 8 / 128 sequences)
 #   bash bench/cuda/next_check.sh sync     # cuda_check --sync-micro (persistent-kernel barrier vs kernel boundary), then `targets`
+#   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
-# history (945516c); the eleventh session's even / mvfn A/Bs (items 45, 46) were the `l2win`
-# pattern with env variants; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
+# history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
+# `l2win` pattern with env variants; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
 # l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
@@ -189,6 +190,18 @@ sync)
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12
   date -u +%T
   bash "$0" targets ;;
+price)
+  # NOTES.md item 48: every kernel family of a one-token step priced in place (KILN_CUDA_TWICE:
+  # its launches run twice; outputs wrong, timing only), tg256 p16, 1B / 8B bf16 and Q4_0.
+  /tmp/kiln synth Llama-3.2-1B /tmp/p1 --types q4_0 > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/p8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  F=(none mvfn_bf16 mvfr_bf16 mvf_bf16 attention_fl2,attention_cfl4,attention_f2,attention_cf4 act_mul
+     mvqsn4_q4_0r mvqsg4_q4_0r mvqsr4_q4_0r mvqsr8_q4_0r mvqs4_q4_0r,mvq_q6_kr,mvq_q8_0r,mvq_q6_k
+     embed_bf16,embed_q4_0r,embed_q4_0,gather_norm argmax_rows)
+  for m in p1/hf p8/hf p1/model-q4_0.gguf p8/model-q4_0.gguf; do for f in "${F[@]}" none; do
+    case "$m:$f" in *hf:mvq*|*gguf:mv[f]*|*gguf:act_mul) continue ;; esac
+    echo "$m twice=$f $(KILN_CUDA_TWICE=$f /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+  done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
