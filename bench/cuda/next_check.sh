@@ -36,6 +36,16 @@ done
 export KILN_CUDA_CACHE=/tmp/kc; mkdir -p /tmp/kc
 for f in .device/cache/*; do case $f in *.xz) xz -dc $f > /tmp/kc/$(basename ${f%.xz}) ;; *) cp $f /tmp/kc/ ;; esac; done
 TYPES=q4_0,q4_k_m,q5_k_m,q8_0
+# `kiln bench` output piped in: the tg tok/s (tg_of), or pp and tg on one line (pptg_of).
+tg_of() { grep tg | awk -F'|' '{print $(NF-1)}'; }
+pptg_of() { grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' '; }
+# Whether main's and the branch's cuda_check (cc_a, cc) give model $1 the same logits, bit for
+# bit: prefill, decode and exact decode of 24 tokens.
+IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
+same_logits() {
+  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
+  cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
+}
 date -u +%T
 case $MODE in
 verify)
@@ -50,13 +60,9 @@ verify)
   grep -E '^\| Q5_K' "$OUT/checks_default.txt"
   wait; date -u +%T
   # Every change on the branch is meant to leave logits bit-identical.
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
   for t in hf ${TYPES//,/ }; do
     m=/tmp/pb1/model-$t.gguf; [ $t = hf ] && m=/tmp/pb1/hf
-    /tmp/cc_a --logits $m "$IDS" /tmp/a_$t.bin 2>/dev/null
-    /tmp/cc --logits $m "$IDS" /tmp/b_$t.bin 2>/dev/null
-    n=$((3 * 24 * 128256 * 4))  # prefill, decode, exact decode
-    cmp -n $n /tmp/a_$t.bin /tmp/b_$t.bin && echo "$t: branch = main, bit for bit"
+    same_logits $m && echo "$t: branch = main, bit for bit"
   done ;;
 micro)
   M=""; for s in 8b 1b; do for k in mvq_q5_k mvq_q5_kr rd_rows; do M="$M $s/q5_k/$k/8/256"; done; done
@@ -67,7 +73,7 @@ ab)
     D=/tmp/ab-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for r in 1 2; do for b in kiln_a kiln; do for t in $AB; do
       m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
-      echo "$S $b $t $(/tmp/$b bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+      echo "$S $b $t $(/tmp/$b bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
     done; done; done
     rm -rf $D
   done ;;
@@ -76,7 +82,7 @@ boundary)
   # boundary ~ (1/tok_s(BOUNDARY=1) - 1/tok_s(0)) / 133.
   /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0 > /dev/null 2>&1
   for r in 1 2; do for v in 0 1; do for m in model-q4_0.gguf hf; do
-    echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
   done; done; done ;;
 fused)
   FT=${FUSED_TYPES:-q4_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
@@ -84,7 +90,7 @@ fused)
     D=/tmp/fu-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for r in 1 2; do for v in 1 0; do for t in $FT; do
       m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
-      echo "$S FUSE_NORM=$v $t $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+      echo "$S FUSE_NORM=$v $t $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done; done; done
     rm -rf $D
   done ;;
@@ -97,7 +103,7 @@ targets)
     D=/tmp/tg-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for t in $TT; do
       m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
-      echo "$S $t $(/tmp/kiln bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+      echo "$S $t $(/tmp/kiln bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
     done
     [ "${BATCH:-0}" = 1 ] && [ $S = Llama-3.1-8B ] && /tmp/kiln bench $D/hf --device cuda --batch 8,128 -p 128 -n 128 2>&1 | tail -4
     rm -rf $D
@@ -110,11 +116,11 @@ knobs)
   for r in 1 2; do
     for m in kn1/model-q4_0.gguf kn1/hf kn8/model-q4_0.gguf; do
       for v in X=1 KILN_CUDA_ATT_SPLIT=2 KILN_CUDA_ATT_SPLIT=4 KILN_CUDA_ATT_SPLIT=8 KILN_CUDA_ATT_CLUSTER=0; do
-        echo "$m $v $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+        echo "$m $v $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
       done
     done
     for v in X=1 KILN_CUDA_NORM_BLOCKS=1 KILN_CUDA_NORM_BLOCKS=2 KILN_CUDA_NORM_BLOCKS=3; do
-      echo "kn1 q4_k_m $v $(env $v /tmp/kiln bench /tmp/kn1/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+      echo "kn1 q4_k_m $v $(env $v /tmp/kiln bench /tmp/kn1/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done
   done ;;
 attprof)
@@ -139,17 +145,15 @@ l2win)
   timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
   echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep FAIL $OUT/checks.txt | head -3
   wait; /tmp/kiln synth Llama-3.1-8B /tmp/w8 --types q4_0,q8_0 > /dev/null 2>&1; date -u +%T
-  IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
   for t in hf q4_0; do
     m=/tmp/w1/model-$t.gguf; [ $t = hf ] && m=/tmp/w1/hf
-    /tmp/cc_a --logits $m "$IDS" /tmp/a_$t.bin 2>/dev/null; /tmp/cc --logits $m "$IDS" /tmp/b_$t.bin 2>/dev/null
-    cmp -n $((3 * 24 * 128256 * 4)) /tmp/a_$t.bin /tmp/b_$t.bin && echo "1B $t: branch = main, bit for bit"
+    same_logits $m && echo "1B $t: branch = main, bit for bit"
   done
   for r in 1 2; do for m in w8/hf w1/hf w1/model-q4_0.gguf w8/model-q4_0.gguf w8/model-q8_0.gguf; do for b in kiln_a kiln; do
-    echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done
   for m in w8/hf w1/hf; do
-    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
   done ;;
 l2sweep)
   # NOTES.md item 44: env-only settings of the L2 windows ($L2_VARIANTS; the attention's reach
@@ -159,10 +163,10 @@ l2sweep)
   /tmp/kiln synth Llama-3.2-1B /tmp/a1 --types "" > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/a8 --types "" > /dev/null 2>&1
   date -u +%T
   for r in 1 2; do for m in a8/hf a1/hf; do for v in $V; do
-    echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    echo "$m [$v] $(env $v /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done
   for m in a8/hf a1/hf; do
-    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
   done ;;
 l2batch)
   # NOTES.md item 44: the L2 windows in batched decode (8B bf16, 8 and 128 sequences of 128 + 128,
@@ -181,7 +185,7 @@ longctx)
   for n in 2048 256; do for S in lc1 lc8; do for r in 1 2; do
     for v in "kiln" "kiln_s32" "kiln_s32 KILN_CUDA_ATT_SPLIT=16"; do
       set -- $v; b=$1; shift
-      echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+      echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | tg_of)"
     done
   done; done; done ;;
 sync)
@@ -200,7 +204,7 @@ price)
      embed_bf16,embed_q4_0r,embed_q4_0,gather_norm argmax_rows)
   for m in p1/hf p8/hf p1/model-q4_0.gguf p8/model-q4_0.gguf; do for f in "${F[@]}" none; do
     case "$m:$f" in *hf:mvq*|*gguf:mv[f]*|*gguf:act_mul) continue ;; esac
-    echo "$m twice=$f $(KILN_CUDA_TWICE=$f /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+    echo "$m twice=$f $(KILN_CUDA_TWICE=$f /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
@@ -211,7 +215,7 @@ skip)
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/sk-$S; /tmp/kiln synth $S $D --types q4_0 > /dev/null 2>&1; date -u +%T
     for m in model-q4_0.gguf hf; do for sk in none $AN $AM $QZ $AT $AN,$AM,$QZ,$AT none; do
-      echo "$S $m skip=${sk:0:20} $(KILN_CUDA_SKIP=$sk /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | grep tg | awk -F'|' '{print $(NF-1)}')"
+      echo "$S $m skip=${sk:0:20} $(KILN_CUDA_SKIP=$sk /tmp/kiln bench $D/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done; done
     rm -rf $D
   done ;;

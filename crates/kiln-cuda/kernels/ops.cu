@@ -855,6 +855,17 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 // sized for the head, not for 256. D: attention_d* (or, CLU, attention_cd*:
 // the slices of a (head, token) pair merged inside a cluster, grid (S, heads,
 // tokens) in clusters of S >= 2); F: the same doing qkv_post's work.
+// The fused (F) kernels' parameters, and the same names passed on to
+// attention_impl; the window versions (FL) take L2A_PARAMS after them.
+#define ATT_F_PARAMS                                                                                   \
+    const float *q, int qstride, float *kc, float *vc, int n_heads, int n_kv, int hd, const u32 *positions, \
+        const u32 *ends, const u32 *rowidx, const u32 *tables, int tstride, int bs, int nlg, int lig,  \
+        int window, float scale, float softcap, float *out, int ostride, float *part, u32 *counters,   \
+        i8 *xq, float *xqd, float *xqs, const float *qnw, const float *knw, float eps, const float *cosb, \
+        const float *sinb, int neox
+#define ATT_F_ARGS                                                                                     \
+    q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, bs, nlg, lig, window, \
+        scale, softcap, out, ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox
 #define ATTENTION(D, F, DPL, CLU)                                                                      \
     extern "C" __global__ void D(                                                                      \
         const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
@@ -865,17 +876,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                         tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
                                         ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);    \
     }                                                                                                  \
-    extern "C" __global__ void F(                                                                      \
-        const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
-        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
-        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
-        const float* cosb, const float* sinb, int neox) {                                              \
-        attention_impl<DPL, true, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx,  \
-                                       tables, tstride, bs, nlg, lig, window, scale, softcap, out,      \
-                                       ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, \
-                                       neox);                                                           \
-    }
+    extern "C" __global__ void F(ATT_F_PARAMS) { attention_impl<DPL, true, CLU>(ATT_F_ARGS); }
 ATTENTION(attention_d2, attention_f2, 2, false)
 ATTENTION(attention_d4, attention_f4, 4, false)
 ATTENTION(attention_d8, attention_f8, 8, false)
@@ -885,16 +886,8 @@ ATTENTION(attention_cd4, attention_cf4, 4, true)
 // reads float weights (the backend's AheadPlan); their own kernels so that
 // the others keep their code as it was.
 #define ATTENTION_L2W(FL, DPL, CLU)                                                                    \
-    extern "C" __global__ void FL(                                                                     \
-        const float* q, int qstride, float* kc, float* vc, int n_heads, int n_kv, int hd,              \
-        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
-        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
-        u32* counters, i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw, float eps,  \
-        const float* cosb, const float* sinb, int neox, L2A_PARAMS) {                                  \
-        attention_impl<DPL, true, CLU, true>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends,    \
-                                             rowidx, tables, tstride, bs, nlg, lig, window, scale,      \
-                                             softcap, out, ostride, part, counters, xq, xqd, xqs, qnw,  \
-                                             knw, eps, cosb, sinb, neox, L2A_ARGS);                     \
+    extern "C" __global__ void FL(ATT_F_PARAMS, L2A_PARAMS) {                                          \
+        attention_impl<DPL, true, CLU, true>(ATT_F_ARGS, L2A_ARGS);                                    \
     }
 ATTENTION_L2W(attention_fl2, 2, false)
 ATTENTION_L2W(attention_fl4, 4, false)
