@@ -1250,10 +1250,21 @@ extern "C" __global__ void argmax_rows(const float* x, u64 cols, u32* out, float
     const float* r = x + (u64)row * cols;
     float best = -INFINITY;
     u32 idx = NO_IDX;
-    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = r[i];
+    // AM_U loads a thread in flight before the first compare: one L2 round
+    // trip for a 4096-entry slice instead of one per 256 entries (the pairs
+    // merge in any order to the same winner).
+    constexpr int AM_U = 16;
+    for (u64 base = lo + threadIdx.x; base < hi; base += (u64)AM_U * blockDim.x) {
+        float v[AM_U];
+#pragma unroll
+        for (int k = 0; k < AM_U; k++) {
+            u64 i = base + (u64)k * blockDim.x;
+            v[k] = i < hi ? r[i] : -INFINITY;
+        }
         // As kiln_core::sampler::argmax: only values above -inf (not NaN).
-        if (v > -INFINITY) am_merge(best, idx, v, (u32)i);
+#pragma unroll
+        for (int k = 0; k < AM_U; k++)
+            if (v[k] > -INFINITY) am_merge(best, idx, v[k], (u32)(base + (u64)k * blockDim.x));
     }
     block_argmax(best, idx);
     if (nb == 1) {
