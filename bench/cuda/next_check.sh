@@ -21,13 +21,12 @@
 #   bash bench/cuda/next_check.sh l2batch  # the L2 windows on vs off in batched decode (8B bf16, 8 / 128 sequences)
 #   bash bench/cuda/next_check.sh sync     # cuda_check --sync-micro (persistent-kernel barrier vs kernel boundary), then `targets`
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
-#   bash bench/cuda/next_check.sh evict    # weight loads L2 evict-first (kiln.xz) vs main (kiln_a.xz), then larger L2 windows in both
-#   bash bench/cuda/next_check.sh tma      # float GEMVs through shared memory (mvt*, kiln.xz) vs main: fixtures, bits, tg256, #7 bf16 rows
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
-# `l2win` pattern with env variants; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
+# `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
+# history (37ef8f9), its other A/Bs were `envab`; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
 # l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
@@ -156,42 +155,6 @@ l2win)
     echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done
   for m in w8/hf w1/hf; do
-    echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
-  done ;;
-evict)
-  # NOTES.md item 50: weight loads marked L2 evict-first (kiln.xz) against main (kiln_a.xz):
-  # fixtures, logits bit-identical, tg256 p16 alternated twice; then larger L2 windows
-  # ($EV_VARIANTS) in both, since the windows' lines should now outlive the GEMVs' own.
-  /tmp/kiln synth Llama-3.2-1B /tmp/e1 --types q4_0 > /dev/null 2>&1 &
-  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep FAIL $OUT/checks.txt | head -3
-  wait; /tmp/kiln synth Llama-3.1-8B /tmp/e8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for t in hf q4_0; do
-    m=/tmp/e1/model-$t.gguf; [ $t = hf ] && m=/tmp/e1/hf
-    same_logits $m && echo "1B $t: branch = main, bit for bit"
-  done
-  for r in 1 2; do for m in e8/hf e1/hf e1/model-q4_0.gguf e8/model-q4_0.gguf; do for b in kiln_a kiln; do
-    echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T
-  for v in ${EV_VARIANTS:-KILN_CUDA_L2PF_ACT=12M KILN_CUDA_L2PF=16M}; do for m in e8/hf e1/hf; do for b in kiln_a kiln; do
-    echo "$m $b [$v] $(env $v /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done ;;
-tma)
-  # NOTES.md item 51: float one-token GEMVs streaming weights through shared memory (mvt*,
-  # kiln.xz; KILN_CUDA_TMA=0 the old mvf*, =2 two pieces a warp) against main (kiln_a.xz):
-  # fixtures (each fast-op row also checks mvt = mvf bit for bit), 1B hf logits = main, then
-  # tg256 p16 of main / K=4 / K=2 alternated twice, then the #7 bench of the bf16 rows.
-  /tmp/kiln synth Llama-3.2-1B /tmp/t1 --types "" > /dev/null 2>&1 &
-  for v in X=1 KILN_CUDA_TMA=2; do
-    env $v timeout 120 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks_${v/=/_}.txt 2>&1
-    echo "fixtures [$v] rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks_${v/=/_}.txt; grep -E 'FAIL|mvt' $OUT/checks_${v/=/_}.txt | head -5
-  done
-  wait; /tmp/kiln synth Llama-3.1-8B /tmp/t8 --types "" > /dev/null 2>&1; date -u +%T
-  same_logits /tmp/t1/hf && echo "1B hf: branch = main, bit for bit"
-  for r in 1 2; do for m in t8/hf t1/hf; do for b in kiln_a:X=1 kiln:X=1 kiln:KILN_CUDA_TMA=2; do
-    echo "$m $b $(env ${b#*:} /tmp/${b%%:*} bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T
-  for m in t8/hf t1/hf; do
     echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
   done ;;
 envab)
