@@ -38,6 +38,10 @@ done
 export KILN_CUDA_CACHE=/tmp/kc; mkdir -p /tmp/kc
 for f in .device/cache/*; do case $f in *.xz) xz -dc $f > /tmp/kc/$(basename ${f%.xz}) ;; *) cp $f /tmp/kc/ ;; esac; done
 TYPES=q4_0,q4_k_m,q5_k_m,q8_0
+# The model of type $2 (hf: the HF folder) that `kiln synth` wrote into $1; the GGUF types of a
+# type list ($@ without hf) as `kiln synth --types` takes them.
+model_of() { if [ $2 = hf ]; then echo $1/hf; else echo $1/model-$2.gguf; fi; }
+gguf_types() { echo "$@" | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -; }
 # `kiln bench` output piped in: the tg tok/s (tg_of), or pp and tg on one line (pptg_of).
 tg_of() { grep tg | awk -F'|' '{print $(NF-1)}'; }
 pptg_of() { grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' '; }
@@ -63,18 +67,18 @@ verify)
   wait; date -u +%T
   # Every change on the branch is meant to leave logits bit-identical.
   for t in hf ${TYPES//,/ }; do
-    m=/tmp/pb1/model-$t.gguf; [ $t = hf ] && m=/tmp/pb1/hf
+    m=$(model_of /tmp/pb1 $t)
     same_logits $m && echo "$t: branch = main, bit for bit"
   done ;;
 micro)
   M=""; for s in 8b 1b; do for k in mvq_q5_k mvq_q5_kr rd_rows; do M="$M $s/q5_k/$k/8/256"; done; done
   timeout 120 /tmp/cc --gemv-micro $M 2>&1 | tail -8 ;;
 ab)
-  AB=${AB_TYPES:-q4_0 hf}; G=$(echo $AB | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  AB=${AB_TYPES:-q4_0 hf}; G=$(gguf_types $AB)
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/ab-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for r in 1 2; do for b in kiln_a kiln; do for t in $AB; do
-      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      m=$(model_of $D $t)
       echo "$S $b $t $(/tmp/$b bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
     done; done; done
     rm -rf $D
@@ -87,11 +91,11 @@ boundary)
     echo "BOUNDARY=$v $m $(KILN_CUDA_BOUNDARY=$v /tmp/kiln bench /tmp/pb1/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
   done; done; done ;;
 fused)
-  FT=${FUSED_TYPES:-q4_0 q4_k_m hf}; G=$(echo $FT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  FT=${FUSED_TYPES:-q4_0 q4_k_m hf}; G=$(gguf_types $FT)
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/fu-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for r in 1 2; do for v in 1 0; do for t in $FT; do
-      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      m=$(model_of $D $t)
       echo "$S FUSE_NORM=$v $t $(KILN_CUDA_FUSE_NORM=$v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done; done; done
     rm -rf $D
@@ -100,11 +104,11 @@ targets)
   # The #7 table with /tmp/kiln (kiln.xz): decode and prefill, `kiln bench -p 2048 -n 256 -r 3`,
   # 1B and 8B, $TARGET_TYPES (default hf q4_0 q4_k_m q8_0); BATCH=1 adds the README's batched
   # rows (8B bf16, 8 and 128 sequences of 128 + 128).
-  TT=${TARGET_TYPES:-hf q4_0 q4_k_m q8_0}; G=$(echo $TT | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  TT=${TARGET_TYPES:-hf q4_0 q4_k_m q8_0}; G=$(gguf_types $TT)
   for S in Llama-3.2-1B Llama-3.1-8B; do
     D=/tmp/tg-$S; /tmp/kiln synth $S $D --types ${G:-q8_0} > /dev/null 2>&1; date -u +%T
     for t in $TT; do
-      m=$D/model-$t.gguf; [ $t = hf ] && m=$D/hf
+      m=$(model_of $D $t)
       echo "$S $t $(/tmp/kiln bench $m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
     done
     [ "${BATCH:-0}" = 1 ] && [ $S = Llama-3.1-8B ] && /tmp/kiln bench $D/hf --device cuda --batch 8,128 -p 128 -n 128 2>&1 | tail -4
@@ -148,7 +152,7 @@ l2win)
   echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep FAIL $OUT/checks.txt | head -3
   wait; /tmp/kiln synth Llama-3.1-8B /tmp/w8 --types q4_0,q8_0 > /dev/null 2>&1; date -u +%T
   for t in hf q4_0; do
-    m=/tmp/w1/model-$t.gguf; [ $t = hf ] && m=/tmp/w1/hf
+    m=$(model_of /tmp/w1 $t)
     same_logits $m && echo "1B $t: branch = main, bit for bit"
   done
   for r in 1 2; do for m in w8/hf w1/hf w1/model-q4_0.gguf w8/model-q4_0.gguf w8/model-q8_0.gguf; do for b in kiln_a kiln; do
@@ -161,11 +165,11 @@ envab)
   # Env / binary variants ($EV: "binary:VAR=v+VAR=v ...", + between variables) on the 1B / 8B
   # shapes in $EV_TYPES (hf q4_0 ...), tg256 p16, $EV_ROUNDS rounds (default 2) alternated.
   # Models written once per machine (/tmp/v1, /tmp/v8).
-  T=$(echo ${EV_TYPES:-hf} | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -)
+  T=$(gguf_types ${EV_TYPES:-hf})
   [ -d /tmp/v1 ] || /tmp/kiln synth Llama-3.2-1B /tmp/v1 --types "$T" > /dev/null 2>&1
   [ -d /tmp/v8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/v8 --types "$T" > /dev/null 2>&1; date -u +%T
   for r in $(seq ${EV_ROUNDS:-2}); do for t in ${EV_TYPES:-hf}; do for s in v8 v1; do
-    m=/tmp/$s/model-$t.gguf; [ $t = hf ] && m=/tmp/$s/hf
+    m=$(model_of /tmp/$s $t)
     for v in $EV; do
       e=${v#*:}; echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
     done

@@ -652,27 +652,26 @@ pub fn sync_micro(
     let buf = DevBuf::zeroed(2 * (blocks as usize * w).max(1) * 4)?;
     let sink = DevBuf::zeroed(16)?;
     let err = DevBuf::zeroed(16)?;
-    let (wi, ri, n) = (w as i32, r as i32, phases as i32);
+    let n = phases as i32;
+    // sync_phase's arguments for phase i; sync_rounds takes the same after
+    // its counter and error flag, with the phase count in i's place.
+    let phase = |i: i32| {
+        [
+            Arg::P(buf.ptr),
+            Arg::I(i),
+            Arg::I(w as i32),
+            Arg::I(r as i32),
+            Arg::P(sink.ptr),
+        ]
+    };
     // Warm-up launch, then the timed one, each from a zeroed counter.
     let mut persistent = 0.0;
     for _ in 0..2 {
         let count = DevBuf::zeroed(16)?;
+        let args = [&[Arg::P(count.ptr), Arg::P(err.ptr)][..], &phase(n)].concat();
         gpu.sync()?;
         let t = std::time::Instant::now();
-        gpu.launch(
-            rounds,
-            (blocks, 1, 1),
-            block,
-            &[
-                Arg::P(count.ptr),
-                Arg::P(err.ptr),
-                Arg::P(buf.ptr),
-                Arg::I(n),
-                Arg::I(wi),
-                Arg::I(ri),
-                Arg::P(sink.ptr),
-            ],
-        )?;
+        gpu.launch(rounds, (blocks, 1, 1), block, &args)?;
         gpu.sync()?;
         persistent = t.elapsed().as_secs_f64() / phases as f64;
     }
@@ -684,18 +683,7 @@ pub fn sync_micro(
     }
     gpu.begin_capture()?;
     for i in 0..n {
-        gpu.launch(
-            one,
-            (blocks, 1, 1),
-            block,
-            &[
-                Arg::P(buf.ptr),
-                Arg::I(i),
-                Arg::I(wi),
-                Arg::I(ri),
-                Arg::P(sink.ptr),
-            ],
-        )?;
+        gpu.launch(one, (blocks, 1, 1), block, &phase(i))?;
     }
     let g = gpu.end_capture()?;
     gpu.replay(&g)?;
