@@ -162,7 +162,7 @@ l2win)
     echo "$m #7: $(/tmp/kiln bench /tmp/$m --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
   done ;;
 envab)
-  # Env / binary variants ($EV: "binary:VAR=v+VAR=v ...", + between variables) on the 1B / 8B
+  # Env / binary variants ($EV: "binary:VAR=v+VAR=v[:--flag+...] ...", + between variables) on the 1B / 8B
   # shapes in $EV_TYPES (hf q4_0 ...), tg256 p16, $EV_ROUNDS rounds (default 2) alternated.
   # Models written once per machine (/tmp/v1, /tmp/v8).
   T=$(gguf_types ${EV_TYPES:-hf})
@@ -171,7 +171,9 @@ envab)
   for r in $(seq ${EV_ROUNDS:-2}); do for t in ${EV_TYPES:-hf}; do for s in v8 v1; do
     m=$(model_of /tmp/$s $t)
     for v in $EV; do
-      e=${v#*:}; echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+      # binary:VARS[:ARGS], ARGS (bench flags) also joined by +.
+      e=${v#*:}; a=""; case $e in *:*) a=${e#*:}; e=${e%%:*} ;; esac
+      echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p 16 -n 256 -r 2 ${a//+/ } 2>&1 | tg_of)"
     done
   done; done; done; date -u +%T ;;
 l2sweep)

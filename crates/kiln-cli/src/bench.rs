@@ -18,7 +18,11 @@
 //! the records' `backend` field says `cpu` or `cuda`. Generated tokens are
 //! greedy; a backend that samples on its device (CUDA) returns only the ids
 //! (`sampling`: `device`), others return logits rows argmaxed on the host
-//! (`host`).
+//! (`host`). Where the backend can queue steps (CUDA), `tgN` decodes as
+//! `kiln run` does: each step is queued before the host reads the id of the
+//! one before, its token taken on the device (`decode_loop`: `pipelined`);
+//! `--sync-steps` waits for each id before queuing the next step, as
+//! llama-bench's loop does (`sync`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -86,6 +90,10 @@ pub struct Args {
     /// report each generation test's fraction of the bandwidth floor (CPU).
     #[arg(long = "floor", num_args = 0..=1, default_missing_value = "512")]
     pub floor: Option<usize>,
+    /// Decode tests wait for each token's id before queuing the next step
+    /// (llama-bench's loop) instead of pipelining as `kiln run` does.
+    #[arg(long = "sync-steps")]
+    pub sync_steps: bool,
 }
 
 /// Bytes one decode step reads: every matrix, except that the embedding
@@ -253,6 +261,8 @@ struct On {
     threads: usize,
     /// Greedy tokens are picked on the device (only ids come back).
     device_sampling: bool,
+    /// Decode steps are queued ahead of the host reading their ids.
+    pipelined: bool,
 }
 
 impl On {
@@ -277,6 +287,7 @@ impl Setup {
             "n_threads": on.threads,
             "backend": on.kind.as_str(),
             "sampling": if on.device_sampling { "device" } else { "host" },
+            "decode_loop": if on.pipelined { "pipelined" } else { "sync" },
         });
         if on.kind == BackendKind::Cpu {
             v["kernels"] = serde_json::json!(match on.kernels {
@@ -419,6 +430,7 @@ pub fn run(a: Args) -> CliResult {
             kernels,
             threads: nt,
             device_sampling: backend.samples_on_device(),
+            pipelined: backend.samples_on_device() && backend.pipelines_sampling() && !a.sync_steps,
         };
         // The bandwidth floor is the CPU's memory read rate.
         let bandwidth = match kind {
@@ -457,6 +469,9 @@ pub fn run(a: Args) -> CliResult {
             }
             for &n in &gens {
                 let samples = rates(reps, n, &mut e, |e| {
+                    if on.pipelined {
+                        return e.decode_chain(0, tokens[0], n, GREEDY).map(|_| ());
+                    }
                     let mut tok = tokens[0];
                     for _ in 0..n {
                         tok = if on.device_sampling {
@@ -662,6 +677,11 @@ fn tests_md(setup: &Setup, records: &[Record]) -> String {
             test,
             format!("{avg:.2} ± {sd:.2}"),
         ));
+    }
+    if records.iter().any(|r| r.n_gen > 0 && r.on.pipelined) {
+        out.push_str(
+            "\ntg: each step queued before the host reads the last id, as `kiln run` decodes (--sync-steps: llama-bench's loop)\n",
+        );
     }
     for r in records.iter().filter(|r| r.n_gen > 0) {
         if let Some(bw) = r.bandwidth {

@@ -99,6 +99,8 @@ fn llama_bench_records_keep_their_fields() {
         assert_eq!(rec["backend"], "cpu");
         assert_eq!(rec["kernels"], "fast");
         assert_eq!(rec["sampling"], "host");
+        // The CPU backend cannot queue steps: its loop waits for each token.
+        assert_eq!(rec["decode_loop"], "sync");
         assert_eq!(rec["samples_ts"].as_array().map(Vec::len), Some(2));
         for f in [
             "avg_ts",

@@ -451,6 +451,48 @@ impl<B: Backend> Engine<B> {
         Ok(id[0])
     }
 
+    /// `n` decode steps of `slot` sampled on the device, the first fed
+    /// `token` and each later one the id before it, as [`Engine::generate`]
+    /// runs them (with no stop test): pipelined where the backend queues
+    /// steps, so the device never waits for the host between tokens.
+    /// Returns the last id (`token` when `n` is 0). Call only when
+    /// [`Backend::samples_on_device`].
+    pub fn decode_chain(
+        &mut self,
+        slot: usize,
+        token: u32,
+        n: usize,
+        s: DeviceSampling,
+    ) -> Result<u32> {
+        if !self.backend.pipelines_sampling() {
+            let mut t = token;
+            for _ in 0..n {
+                t = self.decode_sampled(slot, t, s)?;
+            }
+            return Ok(t);
+        }
+        let mut id = [token];
+        let mut queued = 0;
+        let mut run = || -> Result<()> {
+            for i in 0..n {
+                self.enqueue_decode(slot, (i == 0).then_some(token), s)?;
+                queued += 1;
+                if queued == 2 {
+                    self.backend.wait_sampled(&mut id)?;
+                    queued -= 1;
+                }
+            }
+            Ok(())
+        };
+        let r = run();
+        // After an error, the steps already queued still come back (their
+        // ids dropped) so the backend's queue starts empty next time.
+        for _ in 0..queued {
+            self.backend.wait_sampled(&mut id)?;
+        }
+        r.map(|()| id[0])
+    }
+
     /// Queues one decode step of `slot` sampled on the device: fed `token`,
     /// or with `None` the id the previously queued step samples.
     fn enqueue_decode(&mut self, slot: usize, token: Option<u32>, s: DeviceSampling) -> Result<()> {
@@ -605,6 +647,8 @@ mod tests {
     struct Echo {
         desc: ArchDescriptor,
         batches: Vec<Seen>,
+        /// Ids of queued steps, oldest first (pipelining on when Some).
+        queued: Option<std::collections::VecDeque<u32>>,
     }
 
     impl Backend for Echo {
@@ -655,6 +699,41 @@ mod tests {
             }
             Ok(())
         }
+        fn pipelines_sampling(&self) -> bool {
+            self.queued.is_some()
+        }
+        /// One sequence a step; a chained step is fed the last queued id.
+        fn enqueue_sampled(
+            &mut self,
+            b: &Batch<'_>,
+            kv: &KvTables,
+            params: &[DeviceSampling],
+            chain: bool,
+        ) -> Result<()> {
+            let q = self.queued.take().expect("pipelining on");
+            assert!(q.len() < 2, "at most two steps queued");
+            let fed = [match (chain, q.back()) {
+                (true, Some(&id)) => id,
+                _ => b.tokens[0],
+            }];
+            let b = Batch { tokens: &fed, ..*b };
+            let mut id = [0];
+            let r = self.forward_sampled(&b, kv, params, &mut id);
+            let mut q = q;
+            if r.is_ok() {
+                q.push_back(id[0]);
+            }
+            self.queued = Some(q);
+            r
+        }
+        fn wait_sampled(&mut self, ids: &mut [u32]) -> Result<()> {
+            ids[0] = self
+                .queued
+                .as_mut()
+                .and_then(|q| q.pop_front())
+                .expect("a queued step");
+            Ok(())
+        }
     }
 
     fn engine(logit_rows: usize) -> Engine<Echo> {
@@ -663,6 +742,7 @@ mod tests {
         let echo = Echo {
             desc,
             batches: Vec::new(),
+            queued: None,
         };
         Engine::with_logit_rows(echo, layout, logit_rows)
     }
@@ -750,6 +830,32 @@ mod tests {
         assert_eq!((e.seq_len(0), e.seq_len(1), e.seq_len(2)), (1, 1, 2));
         assert_eq!(e.decode_sampled(0, 7, greedy(0.0)).unwrap(), 7 + 1);
         assert_eq!(e.seq_len(0), 2);
+    }
+
+    #[test]
+    fn decode_chain_feeds_each_id_to_the_next_step() {
+        let greedy = DeviceSampling {
+            temperature: 0.0,
+            top_k: 0,
+            seed: 0,
+        };
+        // Each "sampled" id is token + position: the chain from 3 at
+        // positions 0, 1, 2, 3 gives 3, 4, 6, 9.
+        for pipelined in [false, true] {
+            let mut e = engine(1);
+            e.backend.queued = pipelined.then(Default::default);
+            assert_eq!(e.decode_chain(0, 3, 0, greedy).unwrap(), 3);
+            assert_eq!(e.decode_chain(0, 3, 4, greedy).unwrap(), 9);
+            assert_eq!(e.seq_len(0), 4);
+            let fed: Vec<u32> = e.backend.batches.iter().map(|b| b.0[0]).collect();
+            // Pipelined steps see a placeholder; the backend feeds the id.
+            if !pipelined {
+                assert_eq!(fed, [3, 3, 4, 6]);
+            }
+            // Past the KV cache's blocks: an error, with nothing left queued.
+            assert!(e.decode_chain(0, 1, 100, greedy).is_err());
+            assert!(e.backend.queued.as_ref().is_none_or(|q| q.is_empty()));
+        }
     }
 
     #[test]

@@ -160,14 +160,18 @@ MV(q4_k, T_Q4_K)
 MV(q5_k, T_Q5_K)
 MV(q6_k, T_Q6_K)
 
-// x[t] = W[tokens[t]] * scale (+ pos[positions[t]] when pos is non-null, f32).
-// grid: n; block: 128.
+// x[t] = W[tok] * scale (+ pos[positions[t]] when pos is non-null, f32), tok =
+// ids[t] (the previous step's sampled id) when *chain, else tokens[t]: a chained
+// decode step takes its token on the device without a copy before the graph.
+// The three words load together. grid: n; block: 128.
 template <int T>
 __device__ __forceinline__ void embed_impl(const u8* __restrict__ W, u64 row_bytes, int cols,
-                                           const u32* __restrict__ tokens, const u32* __restrict__ positions,
+                                           const u32* __restrict__ tokens, const u32* __restrict__ chain,
+                                           const u32* __restrict__ ids, const u32* __restrict__ positions,
                                            float scale, const float* __restrict__ pos, float* __restrict__ x) {
     int t = blockIdx.x;
-    const u8* row = W + (u64)tokens[t] * row_bytes;
+    u32 fed = tokens[t], sampled = ids[t];
+    const u8* row = W + (u64)(*chain ? sampled : fed) * row_bytes;
     float* out = x + (u64)t * cols;
     const float* pr = pos ? pos + (u64)positions[t] * cols : 0;
     int units = (cols + 31) >> 5;
@@ -188,9 +192,9 @@ __device__ __forceinline__ void embed_impl(const u8* __restrict__ W, u64 row_byt
 
 #define EMBED(TNAME, T)                                                                            \
     extern "C" __global__ void embed_##TNAME(const u8* W, u64 row_bytes, int cols, const u32* tokens, \
-                                             const u32* positions, float scale, const float* pos,   \
-                                             float* x) { PDL_ENTRY(); \
-        embed_impl<T>(W, row_bytes, cols, tokens, positions, scale, pos, x);                         \
+                                             const u32* chain, const u32* ids, const u32* positions, \
+                                             float scale, const float* pos, float* x) { PDL_ENTRY();  \
+        embed_impl<T>(W, row_bytes, cols, tokens, chain, ids, positions, scale, pos, x);             \
     }
 
 EMBED(f32, T_F32)

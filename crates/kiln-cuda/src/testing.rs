@@ -60,7 +60,9 @@ pub fn matvec(
     fetch(gpu, &p.y, rows)
 }
 
-/// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`.
+/// Rows `ids` of `w` decoded by the embedding kernel of `ty`, times `scale`:
+/// fed as tokens, and again as a chained step's sampled ids (an error when
+/// the two differ).
 pub fn embed(
     gpu: &mut Gpu,
     ty: GgmlType,
@@ -78,24 +80,43 @@ pub fn embed(
             .flat_map(|i| i.to_le_bytes())
             .collect::<Vec<u8>>(),
     )?;
-    let dy = DevBuf::from_f32(&vec![f32::NAN; ids.len() * cols])?;
+    // Zeros: the chain word off, and placeholder tokens / ids.
+    let zeros = DevBuf::zeroed(4 * ids.len().max(1))?;
+    let one = DevBuf::from_bytes(&1u32.to_le_bytes())?;
     let f = gpu.func(&format!("embed_{name}"))?;
-    gpu.launch(
-        f,
-        (ids.len() as u32, 1, 1),
-        128,
-        &[
-            Arg::P(dw.ptr),
-            Arg::P(row_bytes as u64),
-            Arg::I(cols as i32),
-            Arg::P(di.ptr),
-            Arg::P(di.ptr),
-            Arg::F(scale),
-            Arg::P(0),
-            Arg::P(dy.ptr),
-        ],
-    )?;
-    fetch(gpu, &dy, ids.len() * cols)
+    let mut run = |tokens: u64, chain: u64, sampled: u64| -> CuResult<Vec<f32>> {
+        let dy = DevBuf::from_f32(&vec![f32::NAN; ids.len() * cols])?;
+        gpu.launch(
+            f,
+            (ids.len() as u32, 1, 1),
+            128,
+            &[
+                Arg::P(dw.ptr),
+                Arg::P(row_bytes as u64),
+                Arg::I(cols as i32),
+                Arg::P(tokens),
+                Arg::P(chain),
+                Arg::P(sampled),
+                Arg::P(zeros.ptr),
+                Arg::F(scale),
+                Arg::P(0),
+                Arg::P(dy.ptr),
+            ],
+        )?;
+        fetch(gpu, &dy, ids.len() * cols)
+    };
+    let fed = run(di.ptr, zeros.ptr, zeros.ptr)?;
+    let chained = run(zeros.ptr, one.ptr, di.ptr)?;
+    if fed
+        .iter()
+        .zip(&chained)
+        .any(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        return Err(CudaError(format!(
+            "embed_{name}: a chained step's rows differ from the fed tokens'"
+        )));
+    }
+    Ok(fed)
 }
 
 /// The greedy id of each row of `logits` (`rows` x `cols`) from
