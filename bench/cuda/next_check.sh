@@ -43,8 +43,9 @@ TYPES=q4_0,q4_k_m,q5_k_m,q8_0
 model_of() { if [ $2 = hf ]; then echo $1/hf; else echo $1/model-$2.gguf; fi; }
 gguf_types() { echo "$@" | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -; }
 # `kiln bench` output piped in: the tg tok/s (tg_of), or pp and tg on one line (pptg_of).
-tg_of() { grep tg | awk -F'|' '{print $(NF-1)}'; }
-pptg_of() { grep -E 'pp|tg' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' '; }
+# Table rows only (the footnote under the table mentions tg too).
+tg_of() { grep -E '^\|.*tg' | awk -F'|' '{print $(NF-1)}'; }
+pptg_of() { grep -E '^\|.*(pp|tg)' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' '; }
 # Whether main's and the branch's cuda_check (cc_a, cc) give model $1 the same logits, bit for
 # bit: prefill, decode and exact decode of 24 tokens.
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
