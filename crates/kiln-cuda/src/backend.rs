@@ -1032,9 +1032,10 @@ pub struct CudaBackend {
     pinned: crate::pinned::PinnedIds,
     graphs: Vec<Option<Graph>>,
     use_graphs: bool,
-    /// A greedy decode step's argmax captured in its graph
-    /// (`$KILN_CUDA_GRAPH_ARGMAX=0`: launched after the replay).
-    graph_argmax: bool,
+    /// Where a greedy decode step's argmax runs (`$KILN_CUDA_GRAPH_ARGMAX`):
+    /// 0 launched after the replay, 1 (default) captured in the graph
+    /// unless the step issues L2 windows, 2 captured in the graph.
+    graph_argmax: u8,
     k: Kernels,
     plan: MemoryPlan,
     gemm_min: usize,
@@ -1886,7 +1887,11 @@ impl CudaBackend {
             graphs: (0..2 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
                 .map(|_| None)
                 .collect(),
-            graph_argmax: std::env::var("KILN_CUDA_GRAPH_ARGMAX").map_or(true, |v| v != "0"),
+            graph_argmax: match std::env::var("KILN_CUDA_GRAPH_ARGMAX").as_deref() {
+                Ok("0") => 0,
+                Ok("2") => 2,
+                _ => 1,
+            },
             use_graphs: opts.graphs,
             desc,
             layout,
@@ -3337,7 +3342,12 @@ impl CudaBackend {
                 .layers
                 .iter()
                 .any(|l| l.o.is_float() || l.down.is_float());
-        let greedy_in_graph = greedy && self.graph_argmax && !windowed;
+        let greedy_in_graph = greedy
+            && match self.graph_argmax {
+                0 => false,
+                1 => !windowed,
+                _ => true,
+            };
         let gi = 2 * (n * levels + split.trailing_zeros() as usize) + greedy_in_graph as usize;
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
