@@ -899,7 +899,6 @@ impl Kernels {
     }
 }
 
-/// Offsets (in u32) of the per-call inputs inside `meta`.
 /// Where a step's metadata sits in `s.meta` (u32 words). It depends on the
 /// step's token count only, so a graph captured for n tokens finds it where
 /// the host writes it, and a step uploads just the words it uses.
@@ -3331,11 +3330,11 @@ impl CudaBackend {
         let split = self.split_for(batch);
         let levels = self.att_split.trailing_zeros() as usize + 1;
         // Graphs are keyed by (n, split, greedy): a greedy step's argmax is
-        // the graph's last kernel.
-        // Not where the step issues L2 windows: there a graph replayed
-        // right behind the last one, with no kernel launched between them,
-        // costs ~19 µs a step more (NOTES.md item 56; not understood), and
-        // the argmax launched after the replay is that kernel.
+        // the graph's last kernel, except where the step issues L2 windows:
+        // replayed right behind the previous replay with no kernel launched
+        // between them, the windows stop paying (~19 µs a step; NOTES.md
+        // item 56, not understood), and the argmax launched after the
+        // replay is that kernel.
         let windowed = self.mv_path(n)
             && self.l2_ahead > 0
             && self
