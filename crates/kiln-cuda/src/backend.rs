@@ -3619,6 +3619,36 @@ mod tests {
     }
 
     #[test]
+    fn meta_layout_regions_fit_and_uploads_cover_what_steps_read() {
+        for (n, rows_max, tstride, groups) in [(1, 1, 145, 1), (7, 4, 16, 2), (2048, 64, 256, 1)] {
+            let ml = MetaLayout::new(n, rows_max, tstride, groups);
+            let regions = [
+                ml.chain,
+                ml.tokens,
+                ml.positions,
+                ml.ends,
+                ml.rowidx,
+                ml.sel,
+                ml.tables,
+            ];
+            // 16-byte aligned, in order, each holding n words (the chain word 1).
+            for w in regions.windows(2) {
+                assert_eq!(w[1] % 4, 0);
+                assert!(w[1] >= w[0] + if w[0] == ml.chain { 1 } else { n });
+            }
+            assert_eq!(ml.total, ml.tables + groups * rows_max * tstride);
+            // A step over r sequences uploads through its last group's r-th row.
+            for r in 1..=rows_max {
+                let last = ml.tables + (groups - 1) * ml.table_len + r * tstride;
+                assert_eq!(ml.used(r), last);
+                assert!(ml.used(r) <= ml.total);
+            }
+            // A smaller step's layout fits inside the largest one's buffer.
+            assert!(MetaLayout::new(1, rows_max, tstride, groups).total <= ml.total);
+        }
+    }
+
+    #[test]
     fn byte_counts() {
         assert_eq!(parse_bytes("1234"), Some(1234));
         assert_eq!(parse_bytes("8G"), Some(8 << 30));
