@@ -425,12 +425,13 @@ pub fn run(a: Args) -> CliResult {
             },
         )
         .map_err(|e| e as Box<dyn std::error::Error>)?;
+        let device_sampling = backend.samples_on_device();
         let on = On {
             kind,
             kernels,
             threads: nt,
-            device_sampling: backend.samples_on_device(),
-            pipelined: backend.samples_on_device() && backend.pipelines_sampling() && !a.sync_steps,
+            device_sampling,
+            pipelined: device_sampling && backend.pipelines_sampling() && !a.sync_steps,
         };
         // The bandwidth floor is the CPU's memory read rate.
         let bandwidth = match kind {

@@ -917,6 +917,8 @@ struct MetaLayout {
     table_len: usize,
     /// Block-table entries per row (sequence).
     tstride: usize,
+    /// Rows (sequences) of block tables a group holds.
+    rows_max: usize,
     groups: usize,
     total: usize,
 }
@@ -938,9 +940,15 @@ impl MetaLayout {
             tables: 4 + 5 * span,
             table_len,
             tstride,
+            rows_max,
             groups,
             total: 4 + 5 * span + groups * table_len,
         }
+    }
+
+    /// The layout of an `n`-token step with this one's block tables.
+    fn for_tokens(&self, n: usize) -> MetaLayout {
+        MetaLayout::new(n, self.rows_max, self.tstride, self.groups)
     }
 
     /// Words a step over `rows` sequences reads: the last group's tables
@@ -1083,6 +1091,9 @@ pub struct CudaBackend {
     l2_ahead_act: Option<usize>,
     /// The decode step's weights in reading order, for the windows.
     ahead_plan: AheadPlan,
+    /// Some layer's O or down projection is a float GEMV: one-token steps
+    /// issue L2 windows (when `l2_ahead` is on).
+    float_windows: bool,
     /// Most slices of a split decode attention merged inside a cluster
     /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
     /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
@@ -1945,6 +1956,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| parse_bytes(&v)),
             ahead_plan: AheadPlan::default(),
+            float_windows: false,
             att_cluster_max,
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -1961,6 +1973,10 @@ impl CudaBackend {
         };
         be.fuse_norm = opts.fuse_norm && be.norm_fusable();
         be.ahead_plan = AheadPlan::new(&be.reading_order());
+        be.float_windows = be
+            .layers
+            .iter()
+            .any(|l| l.o.is_float() || l.down.is_float());
         Ok(be)
     }
 
@@ -2022,12 +2038,7 @@ impl CudaBackend {
     /// With `chain`, the step's tokens are the ids the step before sampled.
     fn stage(&mut self, batch: &Batch<'_>, kvt: &KvTables, chain: bool) -> Result<usize> {
         let n = batch.len();
-        let ml = MetaLayout::new(
-            n,
-            self.ml.table_len / self.ml.tstride.max(1),
-            self.ml.tstride,
-            self.ml.groups,
-        );
+        let ml = self.ml.for_tokens(n);
         self.ml = ml;
         let hm = &mut self.host_meta;
         hm[ml.chain] = chain.into();
@@ -2045,10 +2056,10 @@ impl CudaBackend {
             let row = match self.row_seqs.iter().position(|&s| s == seq) {
                 Some(r) => r,
                 None => {
-                    let rows_max = ml.table_len / ml.tstride.max(1);
-                    if self.row_seqs.len() >= rows_max {
+                    if self.row_seqs.len() >= ml.rows_max {
                         return Err(EngineError::Input(format!(
-                            "more than {rows_max} sequences in one batch"
+                            "more than {} sequences in one batch",
+                            ml.rows_max
                         )));
                     }
                     self.row_seqs.push(seq);
@@ -2948,7 +2959,6 @@ impl CudaBackend {
         // O, 2: gate|up, 3: down}, taken only before a float GEMV.
         let cap = if self.mv_path(n) { self.l2_ahead } else { 0 };
         let mut plan = self.ahead_plan.windows(cap as u64);
-        let float = Proj::is_float;
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
             if li == 0 && !fuse {
@@ -3119,7 +3129,7 @@ impl CudaBackend {
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
                 // The fused kernels' window versions take the window.
-                let ahead = if fused && float(&l.o) {
+                let ahead = if fused && l.o.is_float() {
                     plan.before(4 * li + 1)
                 } else {
                     Ahead::default()
@@ -3202,7 +3212,7 @@ impl CudaBackend {
             };
             let h = self.half_args(&l.down, n);
             let down_staged = !matches!(q[0], Arg::P(0)) || !matches!(h[0], Arg::P(0));
-            let ahead = if float(&l.down) {
+            let ahead = if l.down.is_float() {
                 let reach = self
                     .l2_ahead_act
                     .unwrap_or((l.down.bytes() / 4).min(L2_AHEAD_ACT_MAX));
@@ -3335,12 +3345,7 @@ impl CudaBackend {
         // between them, the windows stop paying (~19 µs a step; NOTES.md
         // item 56, not understood), and the argmax launched after the
         // replay is that kernel.
-        let windowed = self.mv_path(n)
-            && self.l2_ahead > 0
-            && self
-                .layers
-                .iter()
-                .any(|l| l.o.is_float() || l.down.is_float());
+        let windowed = self.float_windows && self.l2_ahead > 0 && self.mv_path(n);
         let greedy_in_graph = greedy
             && match self.graph_argmax {
                 0 => false,
