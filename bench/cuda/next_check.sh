@@ -22,6 +22,7 @@
 #   bash bench/cuda/next_check.sh sync     # cuda_check --sync-micro (persistent-kernel barrier vs kernel boundary), then `targets`
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
+#   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -210,6 +211,41 @@ longctx)
       echo "$S tg$n $b $* $(env X=1 "$@" /tmp/$b bench /tmp/$S/model-q4_0.gguf --device cuda -p 16 -n $n -r 2 2>&1 | tg_of)"
     done
   done; done; done ;;
+kvf16)
+  # The f16 KV cache (-ctk f16 -ctv f16): fixtures (the f16 rows included), the default f32
+  # cache's logits = main's bit for bit, then f32 against f16 at tg256 (p16) and at depth
+  # (--batch 1: a -p prompt, then -n tokens), 1B and 8B, $KV_TYPES (default q4_0 hf).
+  ( /tmp/kiln synth Llama-3.2-1B /tmp/kv1 --types q4_0 > /dev/null 2>&1 ) &
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ|f16 KV' $OUT/checks.txt | head -20
+  wait; date -u +%T
+  for t in hf q4_0; do same_logits $(model_of /tmp/kv1 $t) && echo "$t f32 KV: branch = main, bit for bit"; done
+  /tmp/kiln synth Llama-3.1-8B /tmp/kv8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for S in kv1 kv8; do for t in ${KV_TYPES:-q4_0 hf}; do m=$(model_of /tmp/$S $t)
+    for kv in f32 f16; do
+      echo "$S $t $kv tg256 $(/tmp/kiln bench $m --device cuda -ctk $kv -ctv $kv -p 16 -n 256 -r 3 2>&1 | tg_of)"
+      echo "$S $t $kv depth ${DEPTH:-8192} $(/tmp/kiln bench $m --device cuda -ctk $kv -ctv $kv --batch 1 -p ${DEPTH:-8192} -n 256 2>&1 | grep -E '^\|' | tail -1)"
+    done
+  done; done ;;
+kvwin)
+  # Why the f16 cache loses at depth with float weights: f32 / f16 x (default, L2 windows off,
+  # no cluster merge), tg256 after an 8192-token prompt (--batch 1), 1B and 8B bf16.
+  /tmp/kiln synth Llama-3.2-1B /tmp/kv1 --types q8_0 > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/kv8 --types q8_0 > /dev/null 2>&1; date -u +%T
+  for S in kv1 kv8; do for r in 1 2; do for v in X=1 KILN_CUDA_L2PF=0 KILN_CUDA_ATT_CLUSTER=0; do for kv in f32 f16; do
+    echo "$S hf $kv $v $(env $v /tmp/kiln bench /tmp/$S/hf --device cuda -ctk $kv -ctv $kv --batch 1 -p ${DEPTH:-8192} -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-4)}')"
+  done; done; done; done ;;
+kvclu)
+  # The cluster merge (head dim 128) with the f16 cache: on / off at tg256 (p16) and after an
+  # 8192-token prompt, 8B Q4_0 and bf16 (f32 Q4_0 at depth beside).
+  /tmp/kiln synth Llama-3.1-8B /tmp/kv8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for t in q4_0 hf; do m=$(model_of /tmp/kv8 $t); for v in X=1 KILN_CUDA_ATT_CLUSTER=0; do
+    echo "8B $t f16 $v tg256 $(env $v /tmp/kiln bench $m --device cuda -ctk f16 -ctv f16 -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    echo "8B $t f16 $v depth $(env $v /tmp/kiln bench $m --device cuda -ctk f16 -ctv f16 --batch 1 -p 8192 -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+  done; done
+  for v in X=1 KILN_CUDA_ATT_CLUSTER=0; do
+    echo "8B q4_0 f32 $v depth $(env $v /tmp/kiln bench /tmp/kv8/model-q4_0.gguf --device cuda --batch 1 -p 8192 -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+  done ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).

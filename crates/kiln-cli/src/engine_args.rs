@@ -53,10 +53,10 @@ pub struct DeviceArgs {
     /// (default: the device's free memory less a margin).
     #[arg(long = "gpu-mem", value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<usize>,
-    /// KV cache type for K: f32 or f16 (CPU only; `-ctk` as llama.cpp).
+    /// KV cache type for K: f32 or f16 (`-ctk` as llama.cpp; CUDA: the same for K and V).
     #[arg(long = "cache-type-k", default_value = "f32")]
     pub cache_type_k: KvType,
-    /// KV cache type for V: f32 or f16 (CPU only; `-ctv` as llama.cpp).
+    /// KV cache type for V: f32 or f16 (`-ctv` as llama.cpp).
     #[arg(long = "cache-type-v", default_value = "f32")]
     pub cache_type_v: KvType,
     /// Lock the model's mapped file in memory (mlock); a failure (e.g.
@@ -82,13 +82,9 @@ impl DeviceArgs {
         }
     }
 
-    /// KV cache bytes for `layout` with the requested types (the CUDA
-    /// backend stores f32).
-    pub fn kv_bytes(&self, layout: &KvLayout, kind: BackendKind) -> usize {
-        match kind {
-            BackendKind::Cpu => self.kv_types().total_bytes(layout),
-            BackendKind::Cuda => layout.total_bytes(),
-        }
+    /// KV cache bytes for `layout` with the requested types.
+    pub fn kv_bytes(&self, layout: &KvLayout) -> usize {
+        self.kv_types().total_bytes(layout)
     }
 }
 
@@ -278,18 +274,8 @@ pub fn make_backend(
     cpu: CpuChoice,
 ) -> Result<Built, BoxError> {
     prepare_model(model, &dev, cpu.threads);
-    let f16_kv = dev.kv_types() != KvTypes::default();
     let cuda = match dev.device {
         Device::Cpu => None,
-        Device::Cuda if f16_kv => {
-            return Err(format!(
-                "--cache-type-k {} --cache-type-v {}: the CUDA backend stores the KV cache as f32 \
-                 only (f16 is a CPU option); drop the flags or use --device cpu",
-                dev.cache_type_k.as_str(),
-                dev.cache_type_v.as_str()
-            )
-            .into())
-        }
         Device::Auto if !kiln_cuda::driver_present() => None,
         Device::Auto | Device::Cuda => {
             let b = CudaBackend::new(
@@ -300,17 +286,11 @@ pub fn make_backend(
                 CudaOptions {
                     gpu_mem: dev.gpu_mem.or(CudaOptions::default().gpu_mem),
                     invariant: dev.batch_invariant || CudaOptions::default().invariant,
+                    kv: dev.kv_types(),
                     ..CudaOptions::default()
                 },
             );
             match (b, dev.device) {
-                (Ok(b), _) if f16_kv => {
-                    eprintln!(
-                        "kiln: warning: the CUDA backend stores the KV cache as f32; \
-                         -ctk/-ctv f16 is ignored on --device auto with a GPU"
-                    );
-                    Some(b)
-                }
                 (Ok(b), _) => Some(b),
                 (Err(e), Device::Cuda) => return Err(format!("--device cuda: {e}").into()),
                 (Err(e), _) => {
@@ -322,9 +302,9 @@ pub fn make_backend(
     };
     if let Some(b) = cuda {
         return Ok(Built {
+            name: format!("cuda{}", kv_note(b.kv_types())),
             backend: Box::new(b),
             kind: BackendKind::Cuda,
-            name: "cuda".into(),
         });
     }
     let mut b = CpuBackend::with_kv(
@@ -344,17 +324,24 @@ pub fn make_backend(
         Kernels::Reference => ", reference kernels",
         Kernels::Fast => "",
     };
-    let kv = b.kv_types();
-    let kv = if kv == KvTypes::default() {
+    Ok(Built {
+        name: format!(
+            "cpu, {} threads{kernels}{}",
+            cpu.threads,
+            kv_note(b.kv_types())
+        ),
+        backend: Box::new(b),
+        kind: BackendKind::Cpu,
+    })
+}
+
+/// ", KV f16/f16" for a cache other than the default f32 one.
+fn kv_note(kv: KvTypes) -> String {
+    if kv == KvTypes::default() {
         String::new()
     } else {
         format!(", KV {}/{}", kv.k.as_str(), kv.v.as_str())
-    };
-    Ok(Built {
-        backend: Box::new(b),
-        kind: BackendKind::Cpu,
-        name: format!("cpu, {} threads{kernels}{kv}", cpu.threads),
-    })
+    }
 }
 
 /// A model ready to generate with: one sequence slot on the chosen backend.
@@ -400,7 +387,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
         CpuChoice::threads(a.threads),
     )
     .map_err(|e| e as Box<dyn std::error::Error>)?;
-    let kv_bytes = a.dev.kv_bytes(&layout, built.kind);
+    let kv_bytes = a.dev.kv_bytes(&layout);
     Ok(Loaded {
         path,
         tok,

@@ -75,9 +75,10 @@ fn kv_flags_on_bench_and_errors() {
     assert!(out.contains("tg4"), "{out}");
     let (ok, _, err) = kiln(&["run", m, "--device", "cpu", "-ctk", "q8_0", "-n", "1"]);
     assert!(!ok && err.contains("f32 or f16"), "{err}");
+    // CUDA takes f16 for both or neither (checked before the device opens).
     let (ok, _, err) = kiln(&["run", m, "--device", "cuda", "-ctv", "f16", "-n", "1"]);
     assert!(
-        !ok && err.contains("CUDA backend stores the KV cache as f32"),
+        !ok && err.contains("K f32 / V f16") && err.contains("both as f32 or both as f16"),
         "{err}"
     );
 }

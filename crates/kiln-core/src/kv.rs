@@ -106,6 +106,67 @@ impl KvLayout {
     }
 }
 
+/// How K or V is stored in a backend's KV cache: f32 (the default) or f16
+/// (half the memory and half the bytes attention reads; values rounded to
+/// nearest even when stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            other => Err(format!(
+                "KV cache type '{other}' is not supported (f32 or f16)"
+            )),
+        }
+    }
+}
+
+/// Element types of the KV cache (default: f32 for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvTypes {
+    /// f16 for both K and V.
+    pub const F16: KvTypes = KvTypes {
+        k: KvType::F16,
+        v: KvType::F16,
+    };
+
+    /// Bytes of K and V storage for `layout` with these types.
+    pub fn total_bytes(&self, layout: &KvLayout) -> usize {
+        // `KvLayout::total_bytes` counts f32 for both.
+        layout.total_bytes() / 8 * (self.k.size() + self.v.size())
+    }
+}
+
 #[derive(Debug, Clone)]
 struct SeqKv {
     active: bool,

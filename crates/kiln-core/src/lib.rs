@@ -28,6 +28,6 @@ pub use arch::{ArchDescriptor, LayerDesc};
 pub use backend::{Backend, Batch};
 pub use engine::{Engine, EngineOptions, FinishReason, Generation, Timings};
 pub use error::{EngineError, Result};
-pub use kv::{KvLayout, KvTables};
+pub use kv::{KvLayout, KvTables, KvType, KvTypes};
 pub use sampler::{DeviceSampling, Sampler, SamplerParams};
 pub use stop::StopStrings;

@@ -1,44 +1,6 @@
-//! KV cache element types: f32 (the default) or f16 (half the memory and
-//! half the bytes attention reads; values rounded to nearest even when
-//! stored, as F16C's `vcvtps2ph` and numpy's `astype(float16)` do).
-
-/// How K or V is stored in the CPU backend's KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    #[default]
-    F32,
-    F16,
-}
-
-impl KvType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-        }
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Ok(KvType::F32),
-            "f16" => Ok(KvType::F16),
-            other => Err(format!(
-                "KV cache type '{other}' is not supported (f32 or f16)"
-            )),
-        }
-    }
-}
+//! The f16 KV cache's conversions (`KvType::F16`: values rounded to nearest
+//! even when stored, as F16C's `vcvtps2ph` and numpy's `astype(float16)`
+//! do) and dot products over f16 rows.
 
 /// f16 bits to f32 (exact).
 #[inline]

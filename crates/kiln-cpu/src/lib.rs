@@ -46,7 +46,7 @@ use attn::{Attn, KvRef};
 pub use fast::Kernels;
 use fast::{project, Op};
 pub use kernels::dot;
-pub use kvf16::KvType;
+pub use kiln_core::kv::{KvType, KvTypes};
 use pool::SyncPtr;
 pub use pool::ThreadPool;
 use quant::QAct;
@@ -325,21 +325,6 @@ impl KvBuf {
             KvBuf::F32(b) => KvRef::F32(b),
             KvBuf::F16(b) => KvRef::F16(b),
         }
-    }
-}
-
-/// Element types of the KV cache (default: f32 for both).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KvTypes {
-    pub k: KvType,
-    pub v: KvType,
-}
-
-impl KvTypes {
-    /// Bytes of K and V storage for `layout` with these types.
-    pub fn total_bytes(&self, layout: &KvLayout) -> usize {
-        // `KvLayout::total_bytes` counts f32 for both.
-        layout.total_bytes() / 8 * (self.k.size() + self.v.size())
     }
 }
 

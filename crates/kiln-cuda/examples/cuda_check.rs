@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_core::{ArchDescriptor, Backend, Batch, Engine, EngineOptions, KvLayout, KvTables};
+use kiln_core::{
+    ArchDescriptor, Backend, Batch, Engine, EngineOptions, KvLayout, KvTables, KvTypes,
+};
 use kiln_cpu::{CpuBackend, CpuOptions};
 use kiln_cuda::{CudaBackend, CudaOptions, Gpu};
 use kiln_format::gguf::{Gguf, GgufWriter, Value};
@@ -733,6 +735,76 @@ fn check_quant(dir: &Path, name: &str, types: &[&str], rows: &mut Vec<Row>) {
     }
 }
 
+/// The f16 KV cache (`CudaOptions::kv`) on a tiny float model: all
+/// positions through prefill chunks and greedy decode steps against
+/// transformers' f64 logits, held to kiln-cpu's f16-cache tolerance (5e-3:
+/// the stored K/V lose all but 11 significant bits; f32 KV is held to
+/// 1e-3), greedy tokens unchanged; and against the CPU backend's f16 cache
+/// (the same rounding of the same values, but K/V computed in a different
+/// f32 order can land one f16 step apart: 1e-3).
+fn check_f16_kv(dir: &Path, name: &str, rows: &mut Vec<Row>) {
+    const TOL: f32 = 5e-3;
+    let row = (|| -> Result<Row, String> {
+        let r = Arrays::open(&dir.join("ref_hf.safetensors")).ok_or("no reference")?;
+        let ids = r.ids("input_ids").ok_or("input_ids")?;
+        let (_, want) = r.f32("logits").ok_or("logits")?;
+        let prompt = r.ids("prompt_ids").ok_or("prompt")?;
+        let gen = r.ids("generated_ids").ok_or("gen")?;
+        let (shape, seq) = r.f32("gen_seq_logits").ok_or("gen_seq_logits")?;
+        let v = shape[1];
+        let path = dir.join(format!("gguf/{name}-f32.gguf"));
+        let model = Arc::new(Model::open(&path).map_err(|e| e.to_string())?);
+        let co = CudaOptions {
+            exact: true,
+            kv: KvTypes::F16,
+            ..CudaOptions::default()
+        };
+        let mut e = cuda_engine_opts(&model, opts(), co)?;
+        let mut out = Vec::new();
+        e.prefill_into(0, &ids, true, &mut out)
+            .map_err(|e| e.to_string())?;
+        let d = max_abs(&out, &want);
+        let desc = ArchDescriptor::from_model(&model).map_err(|e| e.to_string())?;
+        let layout = layout_for(&desc, opts());
+        let cpu = CpuBackend::with_kv(
+            model.clone(),
+            desc,
+            layout.clone(),
+            opts().max_chunk,
+            CpuOptions::default(),
+            KvTypes::F16,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut ec = Engine::new(cpu, layout);
+        let mut cpu_out = Vec::new();
+        ec.prefill_into(0, &ids, true, &mut cpu_out)
+            .map_err(|e| e.to_string())?;
+        let dc = max_abs(&out, &cpu_out);
+        e.reset(0);
+        let mut logits = e.prefill(0, &prompt).map_err(|e| e.to_string())?.to_vec();
+        let mut worst = 0.0f32;
+        let mut same = 0;
+        for (i, &tok) in gen.iter().enumerate() {
+            let row = &seq[(prompt.len() - 1 + i) * v..(prompt.len() + i) * v];
+            worst = worst.max(max_abs(&logits, row));
+            if kiln_core::sampler::argmax(&logits) == tok && same == i {
+                same += 1;
+            }
+            logits = e.decode(0, tok).map_err(|e| e.to_string())?.to_vec();
+        }
+        Ok(Row {
+            model: name.into(),
+            file: format!("{name}-f32.gguf, f16 KV"),
+            against: format!("HF f64 (CPU f16 KV: {dc:.1e}; decode steps {worst:.1e})"),
+            max_abs: d,
+            rel: d / max_mag(&want),
+            greedy: format!("{same}/{}", gen.len()),
+            ok: d <= TOL && worst <= TOL && dc <= 1e-3 && same == gen.len(),
+        })
+    })();
+    rows.push(row.unwrap_or_else(|e| Row::failed(name, "f16 KV", "HF f64", &e)));
+}
+
 /// Two sequences decoded in the same steps (graph for n = 2) against the
 /// reference, like kiln-cpu's batch test.
 fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
@@ -786,7 +858,14 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
 /// on the device with `--logits`, docs/BENCHMARKS.md).
 /// `CudaOptions::fuse_norm`, the norms and residual adds inside the GEMVs:
 /// the fixtures take it too, at their widths; here at 2,048 values a row.
-fn fused_check(rows: &mut Vec<Row>, what: &str, ty: GgmlType, set: fn(&mut CudaOptions, bool)) {
+/// `hd` 128: the narrower model of 128-dim heads ([`synth_llama_hd`]).
+fn fused_check(
+    rows: &mut Vec<Row>,
+    what: &str,
+    ty: GgmlType,
+    hd: usize,
+    set: fn(&mut CudaOptions, bool),
+) {
     let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
         let mut o = opts();
         o.max_seqs = 2;
@@ -813,7 +892,7 @@ fn fused_check(rows: &mut Vec<Row>, what: &str, ty: GgmlType, set: fn(&mut CudaO
         Ok(out)
     };
     let row = (|| -> Result<Row, String> {
-        let model = Arc::new(synth_llama(ty, 2)?);
+        let model = Arc::new(synth_llama_hd(ty, 2, hd)?);
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let same = plain
@@ -821,7 +900,7 @@ fn fused_check(rows: &mut Vec<Row>, what: &str, ty: GgmlType, set: fn(&mut CudaO
             .zip(&fused)
             .all(|(x, y)| x.to_bits() == y.to_bits());
         Ok(Row {
-            model: "synthetic 1B shape, 2 layers".into(),
+            model: format!("synthetic, head dim {hd}, 2 layers"),
             file: format!("{}, {what} fused", ty.name()),
             against: format!("separate {what}"),
             max_abs: diff,
@@ -864,18 +943,36 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     for name in ["qwen3", "gemma3"] {
         check_batch(&tiny.join(name), name, &mut rows);
     }
-    fused_check(&mut rows, "qkv_post", GgmlType::Q8_0, |o, on| {
+    for name in ["llama", "qwen2", "qwen3", "gemma3", "gpt2"] {
+        check_f16_kv(&tiny.join(name), name, &mut rows);
+    }
+    fused_check(&mut rows, "qkv_post", GgmlType::Q8_0, 64, |o, on| {
         o.fuse_qkv = on
     });
-    fused_check(&mut rows, "add_norm", GgmlType::Q4_0, |o, on| {
+    // The f16 cache: the fused decode attention reads its own position's
+    // K/V rounded as the cache holds them, so it still equals the separate
+    // kernels bit for bit; float O weights take the L2-window kernels, head
+    // dim 128 the cluster ones.
+    for (ty, hd) in [
+        (GgmlType::Q8_0, 64),
+        (GgmlType::F16, 64),
+        (GgmlType::Q8_0, 128),
+        (GgmlType::F16, 128),
+    ] {
+        fused_check(&mut rows, "qkv_post, f16 KV", ty, hd, |o, on| {
+            o.fuse_qkv = on;
+            o.kv = KvTypes::F16;
+        });
+    }
+    fused_check(&mut rows, "add_norm", GgmlType::Q4_0, 64, |o, on| {
         o.fuse_norm = on
     });
     for ty in [GgmlType::F16, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
-        fused_check(&mut rows, "add_norm", ty, |o, on| o.fuse_norm = on);
+        fused_check(&mut rows, "add_norm", ty, 64, |o, on| o.fuse_norm = on);
     }
     // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
     for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
-        fused_check(&mut rows, "act_mul", ty, |o, on| o.fuse_glu = on);
+        fused_check(&mut rows, "act_mul", ty, 64, |o, on| o.fuse_glu = on);
     }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");
     println!("|---|---|---|---|---|---|---|");
@@ -900,8 +997,16 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
 
 /// A Llama-3.2-1B-shaped GGUF (random weights of `ty`), built in memory.
 fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
-    let (hid, heads, kv_heads, hd, inter, vocab) =
-        (2048usize, 32usize, 8usize, 64usize, 8192usize, 128_256usize);
+    synth_llama_hd(ty, layers, 64)
+}
+
+/// `synth_llama`, or with `hd` 128 a narrower Llama of the 8B's heads
+/// (head dim 128, GQA 4: the decode attention's cluster kernels).
+fn synth_llama_hd(ty: GgmlType, layers: usize, hd: usize) -> Result<Model, String> {
+    let (hid, heads, kv_heads, inter, vocab) = match hd {
+        128 => (1024usize, 8usize, 2usize, 2048usize, 32_000usize),
+        _ => (2048, 32, 8, 8192, 128_256),
+    };
     let mut w = GgufWriter::new();
     let a = "llama";
     w.set("general.architecture", Value::String(a.into()));
@@ -956,8 +1061,8 @@ fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
     }
     let bytes = w.to_bytes();
     drop(w);
-    let g =
-        Gguf::from_bytes(format!("synth-llama-1b-{ty}.gguf"), bytes).map_err(|e| e.to_string())?;
+    let g = Gguf::from_bytes(format!("synth-llama-hd{hd}-{ty}.gguf"), bytes)
+        .map_err(|e| e.to_string())?;
     Model::from_gguf(g).map_err(|e| e.to_string())
 }
 

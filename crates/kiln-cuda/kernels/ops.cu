@@ -329,6 +329,24 @@ __device__ __forceinline__ u64 kv_row(const u32* table, P p, int bs, int nlg, in
     return (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd;
 }
 
+// The KV cache's element: float, or f16 bits (u16, `--cache-type-k/v f16`:
+// half the memory and half the bytes attention reads). Stored rounded to
+// nearest even (as the CPU backend's f16 cache), read back exactly; kv_round
+// is a store and a load, for values used both directly and from the cache.
+__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
+__device__ __forceinline__ float kv_ld(const u16* p) { return h2f(*p); }
+__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
+// A loaded element as float: where the raw value waits in a register for
+// its turn (the decode attention's rows in flight), converting it at the
+// load would stall the warp there until the load lands.
+__device__ __forceinline__ float kv_f(float x) { return x; }
+__device__ __forceinline__ float kv_f(u16 h) { return h2f(h); }
+__device__ __forceinline__ void kv_st(u16* p, float v) { *p = f2half(v, 0); }
+template <typename KV>
+__device__ __forceinline__ float kv_round(float v) {
+    return sizeof(KV) == 4 ? v : h2f(f2half(v, 0));
+}
+
 // One RoPE pair (x0, x1) rotated by (c, s), each output's multiply-adds
 // spelled out so that qkv_post and the fused decode attention round alike
 // (left to the compiler, the contraction differed between them).
@@ -345,11 +363,13 @@ __device__ __forceinline__ float rope_hi(float x0, float x1, float c, float s) {
 // place, K and V go to the paged cache at the token's position.
 // Cache layout: [block][layer in group][position in block][kv_dim].
 #define QP_WARPS 4
-extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_kv, int hd,
-                                    const float* qnw, const float* knw, float eps,
-                                    const float* cosb, const float* sinb, int rope_dim, int neox,
-                                    const u32* positions, const u32* rowidx, const u32* tables,
-                                    int tstride, int bs, int nlg, int lig, float* kc, float* vc) { PDL_ENTRY();
+template <typename KV>
+__device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_heads, int n_kv, int hd,
+                                              const float* qnw, const float* knw, float eps,
+                                              const float* cosb, const float* sinb, int rope_dim, int neox,
+                                              const u32* positions, const u32* rowidx, const u32* tables,
+                                              int tstride, int bs, int nlg, int lig, KV* kc, KV* vc) {
+    PDL_ENTRY();
     __shared__ float hs[QP_WARPS][512];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int hi = blockIdx.x * (blockDim.x >> 5) + w, t = blockIdx.y;
@@ -413,10 +433,21 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
     }
     if (kind == 0) return;
     u64 at = kv_row(tables + (u64)rowidx[t] * tstride, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
-    float* dst = (kind == 1 ? kc : vc) + at;
+    KV* dst = (kind == 1 ? kc : vc) + at;
 #pragma unroll 8
-    for (int i = lane; i < hd; i += 32) dst[i] = h[i];
+    for (int i = lane; i < hd; i += 32) kv_st(dst + i, h[i]);
 }
+#define QKV_POST(NAME, KV)                                                                             \
+    extern "C" __global__ void NAME(float* qkv, int stride, int n_heads, int n_kv, int hd, const float* qnw, \
+                                    const float* knw, float eps, const float* cosb, const float* sinb,  \
+                                    int rope_dim, int neox, const u32* positions, const u32* rowidx,   \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, KV* kc,  \
+                                    KV* vc) {                                                          \
+        qkv_post_impl<KV>(qkv, stride, n_heads, n_kv, hd, qnw, knw, eps, cosb, sinb, rope_dim, neox,   \
+                          positions, rowidx, tables, tstride, bs, nlg, lig, kc, vc);                   \
+    }
+QKV_POST(qkv_post, float)
+QKV_POST(qkv_post_h, u16)
 
 // Attention for one (query head, token) per block (grid: (n_heads, n, S); block: 128).
 // Each warp walks a strided share of the visible positions with an online
@@ -443,16 +474,17 @@ extern "C" __global__ void qkv_post(float* qkv, int stride, int n_heads, int n_k
 #define ATT_PRE 4
 
 // K and V of cache position p for KV head kh: lane l holds dims l, l + 32, ...
-template <int DPL>
-__device__ __forceinline__ void load_kv_row(const float* kc, const float* vc, const u32* table, int p, int bs,
-                                            int nlg, int lig, int kvd, int kh, int hd, int lane, float* kv,
-                                            float* vv) {
+// (raw cache elements: att_step converts them).
+template <int DPL, typename KV>
+__device__ __forceinline__ void load_kv_row(const KV* kc, const KV* vc, const u32* table, int p, int bs,
+                                            int nlg, int lig, int kvd, int kh, int hd, int lane, KV* kv,
+                                            KV* vv) {
     u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        kv[i] = d < hd ? kc[at + d] : 0.0f;
-        vv[i] = d < hd ? vc[at + d] : 0.0f;
+        kv[i] = d < hd ? kc[at + d] : (KV)0;
+        vv[i] = d < hd ? vc[at + d] : (KV)0;
     }
 }
 
@@ -522,15 +554,15 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
 }
 
 // One position into a warp's online softmax: score, running max and sum,
-// accumulated e * V.
-template <int DPL>
-__device__ __forceinline__ void att_step(const float* qv, const float* kv, const float* vv, int hd, int lane,
+// accumulated e * V (K and V as float or raw cache elements, kv_f).
+template <int DPL, typename T>
+__device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* vv, int hd, int lane,
                                          float scale, float softcap, float& m, float& l, float* acc) {
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        if (d < hd) s += qv[i] * kv[i];
+        if (d < hd) s += qv[i] * kv_f(kv[i]);
     }
     s = warp_sum(s) * scale;
     if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
@@ -541,7 +573,7 @@ __device__ __forceinline__ void att_step(const float* qv, const float* kv, const
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
-        acc[i] = acc[i] * corr + (d < hd ? e * vv[i] : 0.0f);
+        acc[i] = acc[i] * corr + (d < hd ? e * kv_f(vv[i]) : 0.0f);
     }
     m = mn;
 }
@@ -691,8 +723,8 @@ __device__ __forceinline__ void attention_cluster_merge(const float* sm, const f
 // the cache for later steps. CLU: the slices merge inside a cluster
 // (attention_cluster_merge). L2W: the block also issues its share of an L2
 // window (l2_ahead) for the O projection after it, before its PDL wait.
-template <int DPL, bool FUSED, bool CLU = false, bool L2W = false>
-__device__ __forceinline__ void attention_impl(const float* q, int qstride, const float* kc, const float* vc,
+template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false>
+__device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
                                                int tstride, int bs, int nlg, int lig, int window, float scale,
@@ -734,7 +766,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
     int p0 = start + warp;
     bool pre[PRE];
-    float k0[PRE][DPL], v0[PRE][DPL];
+    KV k0[PRE][DPL], v0[PRE][DPL];
 #pragma unroll
     for (int j = 0; j < PRE; j++) {
         int p = p0 + j * W;
@@ -794,14 +826,20 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     }
     if (own_warp) {
         head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+        // As the cache holds them: what the unfused path reads back.
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            okv[i] = kv_round<KV>(okv[i]);
+            ovv[i] = kv_round<KV>(ovv[i]);
+        }
         if (h % group == 0) {
             u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 int d = lane + 32 * i;
                 if (d < hd) {
-                    ((float*)kc)[at + d] = okv[i];
-                    ((float*)vc)[at + d] = ovv[i];
+                    kv_st((KV*)kc + at + d, okv[i]);
+                    kv_st((KV*)vc + at + d, ovv[i]);
                 }
             }
         }
@@ -857,8 +895,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 // tokens) in clusters of S >= 2); F: the same doing qkv_post's work.
 // The fused (F) kernels' parameters, and the same names passed on to
 // attention_impl; the window versions (FL) take L2A_PARAMS after them.
-#define ATT_F_PARAMS                                                                                   \
-    const float *q, int qstride, float *kc, float *vc, int n_heads, int n_kv, int hd, const u32 *positions, \
+#define ATT_F_PARAMS(KV)                                                                               \
+    const float *q, int qstride, KV *kc, KV *vc, int n_heads, int n_kv, int hd, const u32 *positions,   \
         const u32 *ends, const u32 *rowidx, const u32 *tables, int tstride, int bs, int nlg, int lig,  \
         int window, float scale, float softcap, float *out, int ostride, float *part, u32 *counters,   \
         i8 *xq, float *xqd, float *xqs, const float *qnw, const float *knw, float eps, const float *cosb, \
@@ -866,41 +904,49 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #define ATT_F_ARGS                                                                                     \
     q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, bs, nlg, lig, window, \
         scale, softcap, out, ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox
-#define ATTENTION(D, F, DPL, CLU)                                                                      \
+#define ATTENTION(D, F, DPL, CLU, KV)                                                                  \
     extern "C" __global__ void D(                                                                      \
-        const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd,  \
+        const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,        \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
-        attention_impl<DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
-                                        tables, tstride, bs, nlg, lig, window, scale, softcap, out,     \
-                                        ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0);    \
+        attention_impl<KV, DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
+                                            tables, tstride, bs, nlg, lig, window, scale, softcap, out, \
+                                            ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0); \
     }                                                                                                  \
-    extern "C" __global__ void F(ATT_F_PARAMS) { attention_impl<DPL, true, CLU>(ATT_F_ARGS); }
-ATTENTION(attention_d2, attention_f2, 2, false)
-ATTENTION(attention_d4, attention_f4, 4, false)
-ATTENTION(attention_d8, attention_f8, 8, false)
-ATTENTION(attention_cd4, attention_cf4, 4, true)
+    extern "C" __global__ void F(ATT_F_PARAMS(KV)) { attention_impl<KV, DPL, true, CLU>(ATT_F_ARGS); }
+ATTENTION(attention_d2, attention_f2, 2, false, float)
+ATTENTION(attention_d4, attention_f4, 4, false, float)
+ATTENTION(attention_d8, attention_f8, 8, false, float)
+ATTENTION(attention_cd4, attention_cf4, 4, true, float)
+// The same over an f16 cache (`_h`).
+ATTENTION(attention_d2_h, attention_f2_h, 2, false, u16)
+ATTENTION(attention_d4_h, attention_f4_h, 4, false, u16)
+ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16)
+ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16)
 
 // The F kernels with an L2 window (l2_ahead), for layers whose O projection
 // reads float weights (the backend's AheadPlan); their own kernels so that
 // the others keep their code as it was.
-#define ATTENTION_L2W(FL, DPL, CLU)                                                                    \
-    extern "C" __global__ void FL(ATT_F_PARAMS, L2A_PARAMS) {                                          \
-        attention_impl<DPL, true, CLU, true>(ATT_F_ARGS, L2A_ARGS);                                    \
+#define ATTENTION_L2W(FL, DPL, CLU, KV)                                                                \
+    extern "C" __global__ void FL(ATT_F_PARAMS(KV), L2A_PARAMS) {                                      \
+        attention_impl<KV, DPL, true, CLU, true>(ATT_F_ARGS, L2A_ARGS);                                \
     }
-ATTENTION_L2W(attention_fl2, 2, false)
-ATTENTION_L2W(attention_fl4, 4, false)
-ATTENTION_L2W(attention_cfl4, 4, true)
+ATTENTION_L2W(attention_fl2, 2, false, float)
+ATTENTION_L2W(attention_fl4, 4, false, float)
+ATTENTION_L2W(attention_cfl4, 4, true, float)
+ATTENTION_L2W(attention_fl2_h, 2, false, u16)
+ATTENTION_L2W(attention_fl4_h, 4, false, u16)
+ATTENTION_L2W(attention_cfl4_h, 4, true, u16)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).
 // Each warp walks a strided share of the positions, keeps G online softmaxes,
 // and the warps' partial results are merged at the end. Same arguments and
 // arithmetic per head as `attention` (which reads K/V once per query head).
-template <int G>
-__device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, const float* kc,
-                                                   const float* vc, int n_heads, int n_kv, int hd,
+template <int G, typename KV>
+__device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, const KV* kc,
+                                                   const KV* vc, int n_heads, int n_kv, int hd,
                                                    const u32* positions, const u32* ends,
                                                    const u32* rowidx, const u32* tables, int tstride,
                                                    int bs, int nlg, int lig, int window, float scale,
@@ -929,14 +975,14 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
     }
     for (int p = start + warp; p < end; p += ATT_WARPS) {
         u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
-        const float* kp = kc + at;
-        const float* vp = vc + at;
+        const KV* kp = kc + at;
+        const KV* vp = vc + at;
         float kx[ATT_DPL], vx[ATT_DPL];
 #pragma unroll
         for (int i = 0; i < ATT_DPL; i++) {
             int d = lane + 32 * i;
-            kx[i] = d < hd ? kp[d] : 0.0f;
-            vx[i] = d < hd ? vp[d] : 0.0f;
+            kx[i] = d < hd ? kv_ld(kp + d) : 0.0f;
+            vx[i] = d < hd ? kv_ld(vp + d) : 0.0f;
         }
         float s[G];
 #pragma unroll
@@ -997,9 +1043,9 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
     }
 }
 
-#define ATT_GQA(G)                                                                                    \
-    extern "C" __global__ void attention_g##G(                                                        \
-        const float* q, int qstride, const float* kc, const float* vc, int n_heads, int n_kv, int hd, \
+#define ATT_GQA(NAME, G, KV)                                                                          \
+    extern "C" __global__ void NAME(                                                                  \
+        const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,       \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride,     \
         int bs, int nlg, int lig, int window, float scale, float softcap, float* out, int ostride) {  \
         PDL_ENTRY();                                                                                  \
@@ -1007,9 +1053,12 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
                               tstride, bs, nlg, lig, window, scale, softcap, out, ostride);           \
     }
 
-ATT_GQA(2)
-ATT_GQA(4)
-ATT_GQA(8)
+ATT_GQA(attention_g2, 2, float)
+ATT_GQA(attention_g4, 4, float)
+ATT_GQA(attention_g8, 8, float)
+ATT_GQA(attention_g2_h, 2, u16)
+ATT_GQA(attention_g4_h, 4, u16)
+ATT_GQA(attention_g8_h, 8, u16)
 
 // Prefill attention for a batch of ONE sequence: a block takes one KV head
 // and 32 / G consecutive tokens (32 query rows: token-major, the G heads of
@@ -1025,11 +1074,13 @@ ATT_GQA(8)
 #define AT_HD 128
 #define AT_KS (AT_HD + 4)
 #define AT_RPW (AT_ROWS / 4)
-extern "C" __global__ void attention_tile(const float* q, int qstride, const float* kc, const float* vc,
-                                          int n, int n_kv, int hd, int G, const u32* positions,
-                                          const u32* ends, const u32* rowidx, const u32* tables,
-                                          int tstride, int bs, int nlg, int lig, int window,
-                                          float scale, float softcap, float* out, int ostride) { PDL_ENTRY();
+template <typename KV>
+__device__ __forceinline__ void attention_tile_impl(const float* q, int qstride, const KV* kc, const KV* vc,
+                                                    int n, int n_kv, int hd, int G, const u32* positions,
+                                                    const u32* ends, const u32* rowidx, const u32* tables,
+                                                    int tstride, int bs, int nlg, int lig, int window,
+                                                    float scale, float softcap, float* out, int ostride) {
+    PDL_ENTRY();
     // q rows at stride AT_HD; K/V rows at stride AT_KS (16-byte aligned, and
     // lanes reading float4s of different rows hit different banks).
     __shared__ float4 qs4[AT_ROWS * AT_HD / 4];
@@ -1087,7 +1138,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
             int j = idx / hd, d = idx % hd;
             int p = c0 + j;
             float v = 0.0f;
-            if (p < hi) v = kc[kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd + d];
+            if (p < hi) v = kv_ld(kc + kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd + d);
             kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
@@ -1134,7 +1185,7 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
             int j = idx / hd, d = idx % hd;
             int pp = c0 + j;
             float v = 0.0f;
-            if (pp < hi) v = vc[kv_row(table, pp, bs, nlg, lig, kvd) + (u64)kh * hd + d];
+            if (pp < hi) v = kv_ld(vc + kv_row(table, pp, bs, nlg, lig, kvd) + (u64)kh * hd + d);
             kvs[j * AT_KS + d] = v;
         }
         __syncthreads();
@@ -1173,6 +1224,16 @@ extern "C" __global__ void attention_tile(const float* q, int qstride, const flo
         }
     }
 }
+#define ATT_TILE(NAME, KV)                                                                             \
+    extern "C" __global__ void NAME(const float* q, int qstride, const KV* kc, const KV* vc, int n, int n_kv, \
+                                    int hd, int G, const u32* positions, const u32* ends, const u32* rowidx, \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, int window, \
+                                    float scale, float softcap, float* out, int ostride) {             \
+        attention_tile_impl<KV>(q, qstride, kc, vc, n, n_kv, hd, G, positions, ends, rowidx, tables,   \
+                                tstride, bs, nlg, lig, window, scale, softcap, out, ostride);          \
+    }
+ATT_TILE(attention_tile, float)
+ATT_TILE(attention_tile_h, u16)
 
 // out[t][i] = gated ? act(gu[t][i]) * gu[t][inter + i] : act(gu[t][i]).
 // With q (inter % 32 == 0, block a multiple of 32): also quantized to 8
@@ -1416,16 +1477,27 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
 // One sequence's cached K and V for positions 0..L-1 of layer slot `lig`
 // (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
 // attention. grid-stride; block: 256.
-extern "C" __global__ void gather_kv_half(const float* __restrict__ kc, const float* __restrict__ vc,
-                                          const u32* rowidx, const u32* tables, int tstride, int bs, int nlg,
-                                          int lig, int L, int kvd, u16* __restrict__ kh, u16* __restrict__ vh) {
+// (From an f16 cache, `gather_kv_half_h`, the values are copied as they are.)
+template <typename KV>
+__device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                               const u32* rowidx, const u32* tables, int tstride, int bs,
+                                               int nlg, int lig, int L, int kvd, u16* __restrict__ kh,
+                                               u16* __restrict__ vh) {
     PDL_ENTRY();
     const u32* table = tables + (u64)rowidx[0] * tstride;
     u64 total = (u64)L * kvd;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         u64 p = i / kvd, e = i % kvd;
         u64 at = kv_row(table, p, bs, nlg, lig, kvd) + e;
-        kh[i] = f2half(kc[at], 0);
-        vh[i] = f2half(vc[at], 0);
+        kh[i] = f2half(kv_ld(kc + at), 0);
+        vh[i] = f2half(kv_ld(vc + at), 0);
     }
 }
+#define GATHER_KV(NAME, KV)                                                                            \
+    extern "C" __global__ void NAME(const KV* __restrict__ kc, const KV* __restrict__ vc, const u32* rowidx, \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, int L, int kvd, \
+                                    u16* __restrict__ kh, u16* __restrict__ vh) {                      \
+        gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, L, kvd, kh, vh);             \
+    }
+GATHER_KV(gather_kv_half, float)
+GATHER_KV(gather_kv_half_h, u16)

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use kiln_core::kv::{KvLayout, KvTables};
+use kiln_core::kv::{KvLayout, KvTables, KvType, KvTypes};
 use kiln_core::rope::{inv_freqs, RopeTable};
 use kiln_core::{ArchDescriptor, Backend, Batch, EngineError, Result};
 use kiln_format::dequant::{dequantize_to_vec, is_supported};
@@ -456,6 +456,10 @@ pub struct CudaOptions {
     /// product and the down projection's 8-bit x): one launch a layer
     /// fewer, logits bit-identical. `$KILN_CUDA_FUSE_GLU=0` turns it off.
     pub fuse_glu: bool,
+    /// The KV cache's element types: f32 (default) or f16 for both K and V
+    /// (half the memory and the bytes attention reads; values rounded to
+    /// nearest even when stored, as the CPU backend's f16 cache).
+    pub kv: KvTypes,
 }
 
 /// Parses a byte count: plain, or with a K/M/G/T suffix (powers of 1024).
@@ -493,8 +497,21 @@ impl Default for CudaOptions {
             fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
             fuse_norm: std::env::var("KILN_CUDA_FUSE_NORM").map_or(true, |v| v != "0"),
             fuse_glu: std::env::var("KILN_CUDA_FUSE_GLU").map_or(true, |v| v != "0"),
+            kv: KvTypes::default(),
         }
     }
+}
+
+/// The cache types the backend stores: f32 or f16, the same for K and V.
+fn check_kv_types(kv: KvTypes) -> Result<()> {
+    if kv.k == kv.v {
+        return Ok(());
+    }
+    Err(unsupported(format!(
+        "KV cache types K {} / V {} (the CUDA backend stores both as f32 or both as f16)",
+        kv.k.as_str(),
+        kv.v.as_str()
+    )))
 }
 
 /// Per-row parameters of sampling on the GPU ([`CudaBackend::forward_sample`]):
@@ -771,7 +788,14 @@ fn mm_funcs(gpu: &mut Gpu, n: &str) -> CuResult<[cudarc::driver::sys::CUfunction
 }
 
 impl Kernels {
-    fn load(gpu: &mut Gpu) -> CuResult<Kernels> {
+    /// `kv`: the cache's element type; the kernels that read or write the
+    /// cache are loaded in its version (`_h`: f16).
+    fn load(gpu: &mut Gpu, kv: KvType) -> CuResult<Kernels> {
+        let sfx = match kv {
+            KvType::F32 => "",
+            KvType::F16 => "_h",
+        };
+        let kvf = |gpu: &mut Gpu, name: &str| gpu.func(&format!("{name}{sfx}"));
         let mut mm = vec![None; 64];
         let mut embed = vec![None; 64];
         let mut mv = vec![None; 64];
@@ -860,7 +884,7 @@ impl Kernels {
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
-            gather_kv_half: gpu.func("gather_kv_half")?,
+            gather_kv_half: kvf(gpu, "gather_kv_half")?,
             flash: [gpu.func("flash_d64")?, gpu.func("flash_d128")?],
             mvf_nt,
             mvq_nt,
@@ -868,24 +892,24 @@ impl Kernels {
             add_norm: gpu.func("add_norm")?,
             add_norm_cl: gpu.func("add_norm_cl")?,
             gather_norm: gpu.func("gather_norm")?,
-            qkv_post: gpu.func("qkv_post")?,
+            qkv_post: kvf(gpu, "qkv_post")?,
             attention: [
-                gpu.func("attention_d2")?,
-                gpu.func("attention_d4")?,
-                gpu.func("attention_d8")?,
+                kvf(gpu, "attention_d2")?,
+                kvf(gpu, "attention_d4")?,
+                kvf(gpu, "attention_d8")?,
             ],
             attention_gqa: [
-                gpu.func("attention_g2")?,
-                gpu.func("attention_g4")?,
-                gpu.func("attention_g8")?,
+                kvf(gpu, "attention_g2")?,
+                kvf(gpu, "attention_g4")?,
+                kvf(gpu, "attention_g8")?,
             ],
-            attention_tile: gpu.func("attention_tile")?,
-            attention_fused: [gpu.func("attention_f2")?, gpu.func("attention_f4")?],
-            attention_cl: [gpu.func("attention_cd4")?, gpu.func("attention_cf4")?],
+            attention_tile: kvf(gpu, "attention_tile")?,
+            attention_fused: [kvf(gpu, "attention_f2")?, kvf(gpu, "attention_f4")?],
+            attention_cl: [kvf(gpu, "attention_cd4")?, kvf(gpu, "attention_cf4")?],
             attention_l2w: [
-                gpu.func("attention_fl2")?,
-                gpu.func("attention_fl4")?,
-                gpu.func("attention_cfl4")?,
+                kvf(gpu, "attention_fl2")?,
+                kvf(gpu, "attention_fl4")?,
+                kvf(gpu, "attention_cfl4")?,
             ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
@@ -1080,6 +1104,8 @@ pub struct CudaBackend {
     fuse_norm: bool,
     /// See [`CudaOptions::fuse_glu`] (taken per layer where it applies).
     fuse_glu: bool,
+    /// See [`CudaOptions::kv`].
+    kv: KvTypes,
     /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
     /// default: as many as fit).
     norm_blocks: Option<usize>,
@@ -1510,6 +1536,8 @@ impl CudaBackend {
         max_batch: usize,
         opts: CudaOptions,
     ) -> Result<Self> {
+        // Before the device is opened: the same error with or without one.
+        check_kv_types(opts.kv)?;
         let gpu = Gpu::new(opts.device)?;
         Self::with_gpu(gpu, model, desc, layout, max_batch, opts)
     }
@@ -1540,6 +1568,7 @@ impl CudaBackend {
         } else {
             ATT_SPLIT_MAX_TOKENS
         };
+        check_kv_types(opts.kv)?;
         if d.head_dim > 256 {
             return Err(unsupported(format!(
                 "head_dim {} (the CUDA attention kernel takes up to 256)",
@@ -1679,7 +1708,7 @@ impl CudaBackend {
         let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
-            kv: layout.total_bytes(),
+            kv: opts.kv.total_bytes(&layout),
             scratch: scratch_floats * 4
                 + ml.total * 4
                 + b * 4
@@ -1714,7 +1743,7 @@ impl CudaBackend {
             )));
         }
 
-        let mut k = Kernels::load(&mut gpu)?;
+        let mut k = Kernels::load(&mut gpu, opts.kv.k)?;
         let flash_f = flash.map(|i| k.flash[i]);
         let att_cluster_max = if std::env::var("KILN_CUDA_ATT_CLUSTER").is_ok_and(|v| v == "0") {
             1
@@ -1827,11 +1856,11 @@ impl CudaBackend {
             }
         }
 
-        // KV pool (f32, the CPU layout) and scratch.
+        // KV pool (the CPU layout, f32 or f16 elements) and scratch.
         let mut kv_k = Vec::new();
         let mut kv_v = Vec::new();
         for g in 0..layout.groups.len() {
-            let bytes = layout.groups[g].n_blocks * layout.block_elems(g) * 4;
+            let bytes = layout.groups[g].n_blocks * layout.block_elems(g) * opts.kv.k.size();
             kv_k.push(DevBuf::zeroed(bytes)?);
             kv_v.push(DevBuf::zeroed(bytes)?);
         }
@@ -1941,6 +1970,7 @@ impl CudaBackend {
             fuse_qkv: opts.fuse_qkv,
             fuse_norm: false,
             fuse_glu: opts.fuse_glu,
+            kv: opts.kv,
             norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -1982,6 +2012,11 @@ impl CudaBackend {
 
     pub fn device(&self) -> &crate::gpu::DeviceInfo {
         &self.gpu.info
+    }
+
+    /// The KV cache's element types.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv
     }
 
     pub fn memory_plan(&self) -> MemoryPlan {
