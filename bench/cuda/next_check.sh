@@ -59,7 +59,7 @@ case $MODE in
 verify)
   ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types $TYPES > /dev/null 2>&1 ) &
   # QUICK=1: the default settings only (changes away from the attention).
-  VARIANTS=("" KILN_CUDA_ATT_CLUSTER=0 KILN_CUDA_ATT_SPLIT=16); [ "${QUICK:-0}" = 1 ] && VARIANTS=("")
+  VARIANTS=("" KILN_CUDA_ATT_CLUSTER=1 KILN_CUDA_ATT_SPLIT=16); [ "${QUICK:-0}" = 1 ] && VARIANTS=("")
   for v in "${VARIANTS[@]}"; do
     f="$OUT/checks_${v:-default}.txt"; f=${f//=/_}
     env $v timeout 200 /tmp/cc --fixtures tests/data/fixtures > "$f" 2>&1; echo "[$v] rc $?"
@@ -245,6 +245,34 @@ kvclu)
   done; done
   for v in X=1 KILN_CUDA_ATT_CLUSTER=0; do
     echo "8B q4_0 f32 $v depth $(env $v /tmp/kiln bench /tmp/kv8/model-q4_0.gguf --device cuda --batch 1 -p 8192 -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+  done ;;
+cluab)
+  # NOTES.md item 60: the cluster merge now opt-in (KILN_CUDA_ATT_CLUSTER=1) against the global
+  # merge (default), f32 cache, 8B Q4_0 / bf16: tg256 (p16) twice, then after 2,048- and
+  # 8,192-token prompts (--batch 1, S_TG); then the #7 rows of 8B with the default.
+  /tmp/kiln synth Llama-3.1-8B /tmp/c8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for t in q4_0 hf; do m=$(model_of /tmp/c8 $t)
+    for r in 1 2; do for v in KILN_CUDA_ATT_CLUSTER=1 X=1; do
+      echo "8B $t $v tg256 $(env $v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    done; done
+    for d in 2048 8192; do for v in KILN_CUDA_ATT_CLUSTER=1 X=1; do
+      echo "8B $t $v depth $d $(env $v /tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+    done; done
+  done ;;
+cluctx)
+  # NOTES.md item 60: where the cluster merge stops paying. Always (KILN_CUDA_ATT_CLUSTER=1)
+  # against never (=0) after prompts of 256-1,024 (--batch 1, S_TG), 8B Q4_0 twice; then the
+  # default (clusters below ATT_CLUSTER_CTX) at tg256 and depth 2,048 / 8,192, 8B Q4_0 and bf16.
+  /tmp/kiln synth Llama-3.1-8B /tmp/c8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  m=/tmp/c8/model-q4_0.gguf
+  for r in 1 2; do for d in 256 512 1024; do for v in KILN_CUDA_ATT_CLUSTER=1 KILN_CUDA_ATT_CLUSTER=0; do
+    echo "8B q4_0 $v depth $d $(env $v /tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+  done; done; done
+  for t in q4_0 hf; do m=$(model_of /tmp/c8 $t)
+    echo "8B $t default tg256 $(/tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    for d in 2048 8192; do
+      echo "8B $t default depth $d $(/tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+    done
   done ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary

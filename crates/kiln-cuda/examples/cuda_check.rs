@@ -964,6 +964,34 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
             o.kv = KvTypes::F16;
         });
     }
+    // Steps switch from the cluster merge to the global one (graphs keyed
+    // by it) once positions pass KILN_CUDA_ATT_CLUSTER_CTX (8 here): the
+    // same logits as the global merge throughout. (The variables as they
+    // were are restored after.)
+    let saved =
+        ["KILN_CUDA_ATT_CLUSTER", "KILN_CUDA_ATT_CLUSTER_CTX"].map(|k| (k, std::env::var(k)));
+    fused_check(
+        &mut rows,
+        "cluster merge below 8",
+        GgmlType::Q8_0,
+        128,
+        |_, on| {
+            let (var, v) = if on {
+                ("KILN_CUDA_ATT_CLUSTER_CTX", "8")
+            } else {
+                ("KILN_CUDA_ATT_CLUSTER", "0")
+            };
+            std::env::remove_var("KILN_CUDA_ATT_CLUSTER");
+            std::env::remove_var("KILN_CUDA_ATT_CLUSTER_CTX");
+            std::env::set_var(var, v);
+        },
+    );
+    for (k, v) in saved {
+        match v {
+            Ok(v) => std::env::set_var(k, v),
+            Err(_) => std::env::remove_var(k),
+        }
+    }
     fused_check(&mut rows, "add_norm", GgmlType::Q4_0, 64, |o, on| {
         o.fuse_norm = on
     });

@@ -381,6 +381,12 @@ impl FlashCall {
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
+/// Decode steps whose positions are all below this merge split attention
+/// slices inside a cluster (head dims 65-128); later ones through global
+/// memory (the same arithmetic: logits do not change). 8B Q4_0: the
+/// cluster gains 1.1% at positions 16-272 and loses 1.4% at 256-512, 5% at
+/// 1,024-1,280, 26% at 8,192-8,448 (NOTES.md item 60).
+const ATT_CLUSTER_CTX: usize = 256;
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
 /// 256: 32 * ATT_DEC_WARPS(DPL) in ops.cu.
@@ -1121,10 +1127,13 @@ pub struct CudaBackend {
     /// issue L2 windows (when `l2_ahead` is on).
     float_windows: bool,
     /// Most slices of a split decode attention merged inside a cluster
-    /// (`attention_c*`, sm_90: what fits resident, up to ATT_SPLIT_MAX; 1:
-    /// never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits merge through
-    /// global memory.
+    /// (`attention_c*`, sm_90, head dims 65-128: what fits resident, up to
+    /// ATT_SPLIT_MAX; 1: never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits
+    /// merge through global memory.
     att_cluster_max: usize,
+    /// Steps whose positions are all below this take the cluster merge
+    /// ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`: every step).
+    att_cluster_ctx: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1745,7 +1754,15 @@ impl CudaBackend {
 
         let mut k = Kernels::load(&mut gpu, opts.kv.k)?;
         let flash_f = flash.map(|i| k.flash[i]);
-        let att_cluster_max = if std::env::var("KILN_CUDA_ATT_CLUSTER").is_ok_and(|v| v == "0") {
+        let att_cluster = std::env::var("KILN_CUDA_ATT_CLUSTER").ok();
+        let att_cluster_ctx = match att_cluster.as_deref() {
+            Some("1") => usize::MAX,
+            _ => std::env::var("KILN_CUDA_ATT_CLUSTER_CTX")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(ATT_CLUSTER_CTX),
+        };
+        let att_cluster_max = if att_cluster.as_deref() == Some("0") {
             1
         } else {
             k.attention_cl
@@ -1923,7 +1940,7 @@ impl CudaBackend {
             host_samp: vec![0; 4 * b],
             pinned: crate::pinned::PinnedIds::new(b)?,
             row_seqs: Vec::with_capacity(b),
-            graphs: (0..2 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
+            graphs: (0..4 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
                 .map(|_| None)
                 .collect(),
             graph_argmax: match std::env::var("KILN_CUDA_GRAPH_ARGMAX").as_deref() {
@@ -1988,6 +2005,7 @@ impl CudaBackend {
             ahead_plan: AheadPlan::default(),
             float_windows: false,
             att_cluster_max,
+            att_cluster_ctx,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -2938,12 +2956,14 @@ impl CudaBackend {
 
     /// `chunk`: the batch is one sequence's consecutive tokens from this
     /// position.
+    /// `cluster`: split decode attention may merge inside a cluster.
     fn enqueue(
         &self,
         n: usize,
         k: usize,
         greedy: bool,
         split: usize,
+        cluster: bool,
         chunk: Option<usize>,
     ) -> CuResult<()> {
         let d = &self.desc;
@@ -3186,7 +3206,12 @@ impl CudaBackend {
                 // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
                 // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
-                if dpl == 1 && gqa.is_none() && split >= 2 && split <= self.att_cluster_max {
+                if cluster
+                    && dpl == 1
+                    && gqa.is_none()
+                    && split >= 2
+                    && split <= self.att_cluster_max
+                {
                     let f = if l2w {
                         self.k.attention_l2w[2]
                     } else {
@@ -3374,7 +3399,7 @@ impl CudaBackend {
         let n = batch.len();
         let split = self.split_for(batch);
         let levels = self.att_split.trailing_zeros() as usize + 1;
-        // Graphs are keyed by (n, split, greedy): a greedy step's argmax is
+        // Graphs are keyed by (n, split, cluster, greedy): a greedy step's argmax is
         // the graph's last kernel, except where the step issues L2 windows:
         // replayed right behind the previous replay with no kernel launched
         // between them, the windows stop paying (~19 µs a step; NOTES.md
@@ -3387,7 +3412,14 @@ impl CudaBackend {
                 1 => !windowed,
                 _ => true,
             };
-        let gi = 2 * (n * levels + split.trailing_zeros() as usize) + greedy_in_graph as usize;
+        // And by whether the step's contexts are short enough for the
+        // cluster merge.
+        let cluster = batch
+            .positions
+            .iter()
+            .all(|&p| (p as usize) < self.att_cluster_ctx);
+        let gi = 2 * (2 * (n * levels + split.trailing_zeros() as usize) + cluster as usize)
+            + greedy_in_graph as usize;
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
         if !decode_like {
@@ -3398,12 +3430,12 @@ impl CudaBackend {
                     .iter()
                     .enumerate()
                     .all(|(i, &p)| p as usize == p0 + i);
-            self.enqueue(n, k, greedy, split, chunk.then_some(p0))?;
+            self.enqueue(n, k, greedy, split, cluster, chunk.then_some(p0))?;
             return Ok(());
         }
         if self.graphs[gi].is_none() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue(n, k, greedy_in_graph, split, None);
+            let r = self.enqueue(n, k, greedy_in_graph, split, cluster, None);
             let g = self.gpu.end_capture();
             r?;
             self.graphs[gi] = Some(g?);
