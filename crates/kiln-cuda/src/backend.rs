@@ -385,7 +385,7 @@ const ATT_SPLIT_MAX: usize = 16;
 /// slices inside a cluster (head dims 65-128); later ones through global
 /// memory (the same arithmetic: logits do not change). 8B Q4_0: the
 /// cluster gains 1.1% at positions 16-272 and loses 1.4% at 256-512, 5% at
-/// 1,024-1,280, 26% at 8,192-8,448 (NOTES.md item 60).
+/// 1,024-1,280, 21% at 8,192-8,448 (NOTES.md item 60).
 const ATT_CLUSTER_CTX: usize = 256;
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
