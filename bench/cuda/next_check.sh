@@ -23,11 +23,13 @@
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
+#   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
 # `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
-# history (37ef8f9), its other A/Bs were `envab`; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
+# history (37ef8f9), its other A/Bs were `envab`; the fourteenth's kvwin / kvclu / cluab (items 60-61) are in
+# history at cca9d3b; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
 # l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
@@ -227,38 +229,6 @@ kvf16)
       echo "$S $t $kv depth ${DEPTH:-8192} $(/tmp/kiln bench $m --device cuda -ctk $kv -ctv $kv --batch 1 -p ${DEPTH:-8192} -n 256 2>&1 | grep -E '^\|' | tail -1)"
     done
   done; done ;;
-kvwin)
-  # Why the f16 cache loses at depth with float weights: f32 / f16 x (default, L2 windows off,
-  # no cluster merge), tg256 after an 8192-token prompt (--batch 1), 1B and 8B bf16.
-  /tmp/kiln synth Llama-3.2-1B /tmp/kv1 --types q8_0 > /dev/null 2>&1
-  /tmp/kiln synth Llama-3.1-8B /tmp/kv8 --types q8_0 > /dev/null 2>&1; date -u +%T
-  for S in kv1 kv8; do for r in 1 2; do for v in X=1 KILN_CUDA_L2PF=0 KILN_CUDA_ATT_CLUSTER=0; do for kv in f32 f16; do
-    echo "$S hf $kv $v $(env $v /tmp/kiln bench /tmp/$S/hf --device cuda -ctk $kv -ctv $kv --batch 1 -p ${DEPTH:-8192} -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-4)}')"
-  done; done; done; done ;;
-kvclu)
-  # The cluster merge (head dim 128) with the f16 cache: on / off at tg256 (p16) and after an
-  # 8192-token prompt, 8B Q4_0 and bf16 (f32 Q4_0 at depth beside).
-  /tmp/kiln synth Llama-3.1-8B /tmp/kv8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for t in q4_0 hf; do m=$(model_of /tmp/kv8 $t); for v in X=1 KILN_CUDA_ATT_CLUSTER=0; do
-    echo "8B $t f16 $v tg256 $(env $v /tmp/kiln bench $m --device cuda -ctk f16 -ctv f16 -p 16 -n 256 -r 3 2>&1 | tg_of)"
-    echo "8B $t f16 $v depth $(env $v /tmp/kiln bench $m --device cuda -ctk f16 -ctv f16 --batch 1 -p 8192 -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
-  done; done
-  for v in X=1 KILN_CUDA_ATT_CLUSTER=0; do
-    echo "8B q4_0 f32 $v depth $(env $v /tmp/kiln bench /tmp/kv8/model-q4_0.gguf --device cuda --batch 1 -p 8192 -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
-  done ;;
-cluab)
-  # NOTES.md item 60: the cluster merge now opt-in (KILN_CUDA_ATT_CLUSTER=1) against the global
-  # merge (default), f32 cache, 8B Q4_0 / bf16: tg256 (p16) twice, then after 2,048- and
-  # 8,192-token prompts (--batch 1, S_TG); then the #7 rows of 8B with the default.
-  /tmp/kiln synth Llama-3.1-8B /tmp/c8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for t in q4_0 hf; do m=$(model_of /tmp/c8 $t)
-    for r in 1 2; do for v in KILN_CUDA_ATT_CLUSTER=1 X=1; do
-      echo "8B $t $v tg256 $(env $v /tmp/kiln bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-    done; done
-    for d in 2048 8192; do for v in KILN_CUDA_ATT_CLUSTER=1 X=1; do
-      echo "8B $t $v depth $d $(env $v /tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
-    done; done
-  done ;;
 cluctx)
   # NOTES.md item 60: where the cluster merge stops paying. Always (KILN_CUDA_ATT_CLUSTER=1)
   # against never (=0) after prompts of 256-1,024 (--batch 1, S_TG), 8B Q4_0 twice; then the

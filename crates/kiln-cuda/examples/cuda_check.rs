@@ -410,14 +410,23 @@ fn cuda_engine_opts(
 }
 
 fn cpu_engine(model: &Arc<Model>, o: EngineOptions) -> Result<Engine<CpuBackend>, String> {
+    cpu_engine_kv(model, o, KvTypes::default())
+}
+
+fn cpu_engine_kv(
+    model: &Arc<Model>,
+    o: EngineOptions,
+    kv: KvTypes,
+) -> Result<Engine<CpuBackend>, String> {
     let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
     let layout = layout_for(&desc, o);
-    let b = CpuBackend::new(
+    let b = CpuBackend::with_kv(
         model.clone(),
         desc,
         layout.clone(),
         o.max_chunk,
         CpuOptions::default(),
+        kv,
     )
     .map_err(|e| e.to_string())?;
     Ok(Engine::new(b, layout))
@@ -764,18 +773,7 @@ fn check_f16_kv(dir: &Path, name: &str, rows: &mut Vec<Row>) {
         e.prefill_into(0, &ids, true, &mut out)
             .map_err(|e| e.to_string())?;
         let d = max_abs(&out, &want);
-        let desc = ArchDescriptor::from_model(&model).map_err(|e| e.to_string())?;
-        let layout = layout_for(&desc, opts());
-        let cpu = CpuBackend::with_kv(
-            model.clone(),
-            desc,
-            layout.clone(),
-            opts().max_chunk,
-            CpuOptions::default(),
-            KvTypes::F16,
-        )
-        .map_err(|e| e.to_string())?;
-        let mut ec = Engine::new(cpu, layout);
+        let mut ec = cpu_engine_kv(&model, opts(), KvTypes::F16)?;
         let mut cpu_out = Vec::new();
         ec.prefill_into(0, &ids, true, &mut cpu_out)
             .map_err(|e| e.to_string())?;

@@ -333,14 +333,14 @@ __device__ __forceinline__ u64 kv_row(const u32* table, P p, int bs, int nlg, in
 // half the memory and half the bytes attention reads). Stored rounded to
 // nearest even (as the CPU backend's f16 cache), read back exactly; kv_round
 // is a store and a load, for values used both directly and from the cache.
-__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
-__device__ __forceinline__ float kv_ld(const u16* p) { return h2f(*p); }
-__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
-// A loaded element as float: where the raw value waits in a register for
-// its turn (the decode attention's rows in flight), converting it at the
-// load would stall the warp there until the load lands.
+// kv_f: a loaded element as float. Where the raw value waits in a register
+// for its turn (the decode attention's rows in flight), converting it at the
+// load (kv_ld) would stall the warp there until the load lands.
 __device__ __forceinline__ float kv_f(float x) { return x; }
 __device__ __forceinline__ float kv_f(u16 h) { return h2f(h); }
+template <typename KV>
+__device__ __forceinline__ float kv_ld(const KV* p) { return kv_f(*p); }
+__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void kv_st(u16* p, float v) { *p = f2half(v, 0); }
 template <typename KV>
 __device__ __forceinline__ float kv_round(float v) {

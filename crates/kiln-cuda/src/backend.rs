@@ -1132,7 +1132,8 @@ pub struct CudaBackend {
     /// merge through global memory.
     att_cluster_max: usize,
     /// Steps whose positions are all below this take the cluster merge
-    /// ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`: every step).
+    /// ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`: every step; 0
+    /// where none can).
     att_cluster_ctx: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
@@ -1755,13 +1756,6 @@ impl CudaBackend {
         let mut k = Kernels::load(&mut gpu, opts.kv.k)?;
         let flash_f = flash.map(|i| k.flash[i]);
         let att_cluster = std::env::var("KILN_CUDA_ATT_CLUSTER").ok();
-        let att_cluster_ctx = match att_cluster.as_deref() {
-            Some("1") => usize::MAX,
-            _ => std::env::var("KILN_CUDA_ATT_CLUSTER_CTX")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(ATT_CLUSTER_CTX),
-        };
         let att_cluster_max = if att_cluster.as_deref() == Some("0") {
             1
         } else {
@@ -1771,6 +1765,16 @@ impl CudaBackend {
                 .map(|&f| gpu.max_cluster(f, att_dec_threads(1), ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize
+        };
+        // 0 where no step can take the cluster: then graphs are not keyed
+        // apart by a bound that changes nothing.
+        let att_cluster_ctx = match att_cluster.as_deref() {
+            _ if att_cluster_max < 2 || !(65..=128).contains(&d.head_dim) => 0,
+            Some("1") => usize::MAX,
+            _ => std::env::var("KILN_CUDA_ATT_CLUSTER_CTX")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(ATT_CLUSTER_CTX),
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
