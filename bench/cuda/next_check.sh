@@ -24,6 +24,8 @@
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
+#   bash bench/cuda/next_check.sh gqa      # grouped decode attention: main vs branch vs branch at 32 slices, tg256 and depth
+#   bash bench/cuda/next_check.sh gqadepth # main vs branch by depth (tg256, then after 256-8,192-token prompts)
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -61,7 +63,7 @@ case $MODE in
 verify)
   ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types $TYPES > /dev/null 2>&1 ) &
   # QUICK=1: the default settings only (changes away from the attention).
-  VARIANTS=("" KILN_CUDA_ATT_CLUSTER=1 KILN_CUDA_ATT_SPLIT=16); [ "${QUICK:-0}" = 1 ] && VARIANTS=("")
+  VARIANTS=("" KILN_CUDA_ATT_CLUSTER=1 KILN_CUDA_ATT_SPLIT=16 ${VERIFY_MORE:-}); [ "${QUICK:-0}" = 1 ] && VARIANTS=("")
   for v in "${VARIANTS[@]}"; do
     f="$OUT/checks_${v:-default}.txt"; f=${f//=/_}
     env $v timeout 200 /tmp/cc --fixtures tests/data/fixtures > "$f" 2>&1; echo "[$v] rc $?"
@@ -244,6 +246,32 @@ cluctx)
       echo "8B $t default depth $d $(/tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
   done ;;
+gqa)
+  # The grouped decode attention (a block per KV group's query heads): main (kiln_a) against the
+  # branch, and the branch at 32 slices, tg256 p16 and decode after 2,048 / 8,192-token prompts
+  # (--batch 1, S_TG), 1B / 8B $GQA_TYPES (default q4_0 hf), two rounds alternated.
+  /tmp/kiln synth Llama-3.2-1B /tmp/q1 --types q4_0 > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/q8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for S in q1 q8; do for t in ${GQA_TYPES:-q4_0 hf}; do m=$(model_of /tmp/$S $t); for r in 1 2; do
+    for v in kiln_a kiln "kiln KILN_CUDA_ATT_SPLIT=32"; do
+      set -- $v; b=$1; shift
+      echo "$S $t $b $* tg256 $(env X=1 "$@" /tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+      for d in ${GQA_DEPTHS:-2048 8192}; do
+        echo "$S $t $b $* depth $d $(env X=1 "$@" /tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+      done
+    done
+  done; done; done ;;
+gqadepth)
+  # Where the grouped decode attention starts to pay: $GD_BINS (default main, kiln_a, against the
+  # branch, kiln), tg256 p16 and decode after $GD_DEPTHS-token prompts, 1B / 8B q4_0, one round.
+  /tmp/kiln synth Llama-3.2-1B /tmp/q1 --types q4_0 > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/q8 --types q4_0 > /dev/null 2>&1; date -u +%T
+  for S in q8 q1; do m=/tmp/$S/model-q4_0.gguf; for b in ${GD_BINS:-kiln_a kiln}; do
+    echo "$S $b tg256 $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    for d in ${GD_DEPTHS:-256 512 1024 2048 8192}; do
+      echo "$S $b depth $d $(/tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+    done
+  done; done ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).

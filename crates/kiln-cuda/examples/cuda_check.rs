@@ -864,6 +864,19 @@ fn fused_check(
     hd: usize,
     set: fn(&mut CudaOptions, bool),
 ) {
+    fused_check_shape(rows, what, ty, hd, None, set)
+}
+
+/// [`fused_check`] on a model of `heads` query and KV heads instead of the
+/// head dim's usual ones ([`synth_llama_hd`]).
+fn fused_check_shape(
+    rows: &mut Vec<Row>,
+    what: &str,
+    ty: GgmlType,
+    hd: usize,
+    heads: Option<(usize, usize)>,
+    set: fn(&mut CudaOptions, bool),
+) {
     let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
         let mut o = opts();
         o.max_seqs = 2;
@@ -890,15 +903,16 @@ fn fused_check(
         Ok(out)
     };
     let row = (|| -> Result<Row, String> {
-        let model = Arc::new(synth_llama_hd(ty, 2, hd)?);
+        let model = Arc::new(synth_llama_shape(ty, 2, hd, heads)?);
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let same = plain
             .iter()
             .zip(&fused)
             .all(|(x, y)| x.to_bits() == y.to_bits());
+        let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
         Ok(Row {
-            model: format!("synthetic, head dim {hd}, 2 layers"),
+            model: format!("synthetic, head dim {hd}{shape}, 2 layers"),
             file: format!("{}, {what} fused", ty.name()),
             against: format!("separate {what}"),
             max_abs: diff,
@@ -915,6 +929,18 @@ fn fused_check(
             &e,
         )
     }));
+}
+
+/// Runs `f`, then puts the environment variables `vars` back as they were.
+fn with_env_restored(vars: &[&str], f: impl FnOnce()) {
+    let saved: Vec<_> = vars.iter().map(|&k| (k, std::env::var(k))).collect();
+    f();
+    for (k, v) in saved {
+        match v {
+            Ok(v) => std::env::set_var(k, v),
+            Err(_) => std::env::remove_var(k),
+        }
+    }
 }
 
 fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
@@ -966,30 +992,65 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // by it) once positions pass KILN_CUDA_ATT_CLUSTER_CTX (8 here): the
     // same logits as the global merge throughout. (The variables as they
     // were are restored after.)
-    let saved =
-        ["KILN_CUDA_ATT_CLUSTER", "KILN_CUDA_ATT_CLUSTER_CTX"].map(|k| (k, std::env::var(k)));
-    fused_check(
-        &mut rows,
-        "cluster merge below 8",
-        GgmlType::Q8_0,
-        128,
-        |_, on| {
-            let (var, v) = if on {
-                ("KILN_CUDA_ATT_CLUSTER_CTX", "8")
-            } else {
-                ("KILN_CUDA_ATT_CLUSTER", "0")
-            };
-            std::env::remove_var("KILN_CUDA_ATT_CLUSTER");
-            std::env::remove_var("KILN_CUDA_ATT_CLUSTER_CTX");
-            std::env::set_var(var, v);
+    with_env_restored(
+        &["KILN_CUDA_ATT_CLUSTER", "KILN_CUDA_ATT_CLUSTER_CTX"],
+        || {
+            fused_check(
+                &mut rows,
+                "cluster merge below 8",
+                GgmlType::Q8_0,
+                128,
+                |_, on| {
+                    let (var, v) = if on {
+                        ("KILN_CUDA_ATT_CLUSTER_CTX", "8")
+                    } else {
+                        ("KILN_CUDA_ATT_CLUSTER", "0")
+                    };
+                    std::env::remove_var("KILN_CUDA_ATT_CLUSTER");
+                    std::env::remove_var("KILN_CUDA_ATT_CLUSTER_CTX");
+                    std::env::set_var(var, v);
+                },
+            )
         },
     );
-    for (k, v) in saved {
-        match v {
-            Ok(v) => std::env::set_var(k, v),
-            Err(_) => std::env::remove_var(k),
+    // Steps reaching position 8 take the grouped decode attention (a block
+    // per four query heads of a KV group; KILN_CUDA_ATT_GROUP_CTX): the same
+    // logits as a block per head throughout. Groups of 4 (the usual
+    // shapes), 7 (two blocks of 4 and 3) and 3 (one head a block a copy);
+    // float O weights take the L2-window kernels; an f16 cache.
+    with_env_restored(&["KILN_CUDA_ATT_GROUP", "KILN_CUDA_ATT_GROUP_CTX"], || {
+        fn grouped_from_8(on: bool) {
+            let (var, v) = if on {
+                ("KILN_CUDA_ATT_GROUP_CTX", "8")
+            } else {
+                ("KILN_CUDA_ATT_GROUP", "0")
+            };
+            std::env::remove_var("KILN_CUDA_ATT_GROUP");
+            std::env::remove_var("KILN_CUDA_ATT_GROUP_CTX");
+            std::env::set_var(var, v);
         }
-    }
+        let what = "grouped attention from 8";
+        for (ty, hd, heads) in [
+            (GgmlType::Q8_0, 64, None),
+            (GgmlType::F16, 64, None),
+            (GgmlType::Q8_0, 128, None),
+            (GgmlType::F16, 128, None),
+            (GgmlType::Q8_0, 64, Some((28, 4))),
+            (GgmlType::Q8_0, 128, Some((12, 4))),
+        ] {
+            fused_check_shape(&mut rows, what, ty, hd, heads, |_, on| grouped_from_8(on));
+        }
+        fused_check(
+            &mut rows,
+            "grouped attention from 8, f16 KV",
+            GgmlType::Q8_0,
+            128,
+            |o, on| {
+                o.kv = KvTypes::F16;
+                grouped_from_8(on);
+            },
+        );
+    });
     fused_check(&mut rows, "add_norm", GgmlType::Q4_0, 64, |o, on| {
         o.fuse_norm = on
     });
@@ -1029,10 +1090,21 @@ fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
 /// `synth_llama`, or with `hd` 128 a narrower Llama of the 8B's heads
 /// (head dim 128, GQA 4: the decode attention's cluster kernels).
 fn synth_llama_hd(ty: GgmlType, layers: usize, hd: usize) -> Result<Model, String> {
-    let (hid, heads, kv_heads, inter, vocab) = match hd {
+    synth_llama_shape(ty, layers, hd, None)
+}
+
+/// [`synth_llama_hd`] with `heads` (query, KV) instead of the shape's own.
+fn synth_llama_shape(
+    ty: GgmlType,
+    layers: usize,
+    hd: usize,
+    heads: Option<(usize, usize)>,
+) -> Result<Model, String> {
+    let (hid, q, kv, inter, vocab) = match hd {
         128 => (1024usize, 8usize, 2usize, 2048usize, 32_000usize),
         _ => (2048, 32, 8, 8192, 128_256),
     };
+    let (heads, kv_heads) = heads.unwrap_or((q, kv));
     let mut w = GgufWriter::new();
     let a = "llama";
     w.set("general.architecture", Value::String(a.into()));
@@ -1087,8 +1159,11 @@ fn synth_llama_hd(ty: GgmlType, layers: usize, hd: usize) -> Result<Model, Strin
     }
     let bytes = w.to_bytes();
     drop(w);
-    let g = Gguf::from_bytes(format!("synth-llama-hd{hd}-{ty}.gguf"), bytes)
-        .map_err(|e| e.to_string())?;
+    let g = Gguf::from_bytes(
+        format!("synth-llama-hd{hd}-{heads}-{kv_heads}-{ty}.gguf"),
+        bytes,
+    )
+    .map_err(|e| e.to_string())?;
     Model::from_gguf(g).map_err(|e| e.to_string())
 }
 

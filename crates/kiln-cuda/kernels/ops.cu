@@ -463,11 +463,14 @@ QKV_POST(qkv_post_h, u16)
 // 3.1 us kernel it saved: docs/BENCHMARKS.md.)
 #define ATT_WARPS 4
 // Warps a block of the split decode attention (attention_impl) for DPL
-// dims a lane: 8 for heads of up to 64 (half the positions each warp walks
-// at long contexts; 61 registers, 4 blocks an SM still hold a one-sequence
-// step's 512 blocks), 4 above (96-168 registers: 8 would take two waves).
-// NOTES.md item 43; backend.rs att_dec_threads.
-#define ATT_DEC_WARPS(DPL) ((DPL) <= 2 ? 8 : 4)
+// dims a lane and G query heads a block: one head, 8 for heads of up to 64
+// (half the positions each warp walks at long contexts; 61 registers, 4
+// blocks an SM still hold a one-sequence step's 512 blocks), 4 above
+// (96-168 registers: 8 would take two waves); grouped (G = 4), 16: as many
+// warps an SM as four one-head blocks, each walking a quarter of the
+// positions for four heads (NOTES.md items 43, 62; backend.rs
+// att_dec_threads).
+#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 ? 8 : 4)
 #define ATT_DPL 8
 // K/V rows a warp of the decode attention keeps in flight (its first ones
 // loaded before the PDL wait): 4, 2 for head dims above 128 (registers).
@@ -553,29 +556,66 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
     }
 }
 
-// One position into a warp's online softmax: score, running max and sum,
-// accumulated e * V (K and V as float or raw cache elements, kv_f).
-template <int DPL, typename T>
-__device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* vv, int hd, int lane,
-                                         float scale, float softcap, float& m, float& l, float* acc) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        if (d < hd) s += qv[i] * kv_f(kv[i]);
+// warp_sum of each of s[0 .. G-1] (G = 1 or 4), every lane getting every
+// sum. G = 4 halves the shuffles: the first two xor steps trade the halves
+// a lane does not keep (lanes 0-7 end with head 0's sum, 8-15 head 1's, ...),
+// then one sum's butterfly, then four broadcasts. Each sum is the same
+// additions in the same order as warp_sum's (a + b == b + a), so the same
+// bits.
+template <int G>
+__device__ __forceinline__ void warp_sums(float* s, int lane) {
+    static_assert(G == 1 || G == 4, "warp_sums: 1 or 4 values");
+    if (G == 1) {
+        s[0] = warp_sum(s[0]);
+        return;
     }
-    s = warp_sum(s) * scale;
-    if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-    float mn = fmaxf(m, s);
-    float corr = __expf(m - mn);
-    float e = __expf(s - mn);
-    l = l * corr + e;
+    bool hi16 = lane & 16, hi8 = lane & 8;
+    float k0 = hi16 ? s[2] : s[0], k1 = hi16 ? s[3] : s[1];
+    float a0 = hi16 ? s[0] : s[2], a1 = hi16 ? s[1] : s[3];
+    k0 += __shfl_xor_sync(0xffffffffu, a0, 16);
+    k1 += __shfl_xor_sync(0xffffffffu, a1, 16);
+    float k = hi8 ? k1 : k0;
+    k += __shfl_xor_sync(0xffffffffu, hi8 ? k0 : k1, 8);
 #pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        acc[i] = acc[i] * corr + (d < hd ? e * kv_f(vv[i]) : 0.0f);
+    for (int o = 4; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+#pragma unroll
+    for (int g = 0; g < G; g++) s[g] = __shfl_sync(0xffffffffu, k, 8 * g);
+}
+
+// One position into a warp's online softmax for G query heads sharing the
+// K / V row: scores, running maxima and sums, accumulated e * V (K and V as
+// float or raw cache elements, kv_f). Each head's arithmetic is the one-head
+// step's in the same order; the G warp sums are interleaved (independent
+// shuffle chains).
+template <int DPL, int G, typename T>
+__device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, const T* vv, int hd, int lane,
+                                         float scale, float softcap, float* m, float* l, float (*acc)[DPL]) {
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        s[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) s[g] += qv[g][i] * kv_f(kv[i]);
+        }
     }
-    m = mn;
+    warp_sums<G>(s, lane);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float sg = s[g] * scale;
+        if (softcap > 0.0f) sg = tanhf(sg / softcap) * softcap;
+        float mn = fmaxf(m[g], sg);
+        float corr = __expf(m[g] - mn);
+        float e = __expf(sg - mn);
+        l[g] = l[g] * corr + e;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            acc[g][i] = acc[g][i] * corr + (d < hd ? e * kv_f(vv[i]) : 0.0f);
+        }
+        m[g] = mn;
+    }
 }
 
 // A head's output (lane l: dims l, l + 32, ...) into out, and with xq also
@@ -689,27 +729,31 @@ __device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float*
     for (int i = 0; i < DPL; i++) os[i] *= invL;
 }
 
-// The end of a CLU attention block: warp 0 folds the block's warps into
-// the slice's (M, L, Σ e·v) as the global-memory merge does, the first
-// block of the cluster merges the S slices in the same order with the same
-// arithmetic (so results equal the unclustered split bit for bit), and every
-// block waits until it has read them. All threads of every block call it.
-template <int DPL, int W>
-__device__ __forceinline__ void attention_cluster_merge(const float* sm, const float* sl,
-                                                        const float (*sacc)[DPL * 32], int hd, int S, int sp,
-                                                        int warp, int lane, float* o, i8* xq, float* xqd,
-                                                        float* xqs, u64 blk0) {
-    __shared__ float cp[2 + DPL * 32];
-    if (warp == 0) {
+// The end of a CLU attention block: warp g folds the block's warps into
+// head g's slice (M, L, Σ e·v) as the global-memory merge does, warp g of
+// the first block of the cluster merges head g's S slices in the same order
+// with the same arithmetic (so results equal the unclustered split bit for
+// bit), and every block waits until it has been read. All threads of every
+// block call it. ob: the token's output row; xrow: its first value's index
+// (the 8-bit blocks' numbering).
+template <int DPL, int W, int G>
+__device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], const float (*sl)[W],
+                                                        const float (*sacc)[W][DPL * 32], int hd, int S, int sp,
+                                                        int warp, int lane, int h0, int gn, float* ob, u64 xrow,
+                                                        i8* xq, float* xqd, float* xqs) {
+    __shared__ float cp[G][2 + DPL * 32];
+    if (warp < gn) {
         float M, L, f[W];
-        att_block_weights<W>(sm, sl, f, M, L);
-        att_slice_put<DPL, W>(cp, sacc, f, M, L, hd, lane);
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+        att_slice_put<DPL, W>(cp[warp], sacc[warp], f, M, L, hd, lane);
     }
     cluster_sync_all();
-    if (sp == 0 && warp == 0) {
+    if (sp == 0 && warp < gn) {
         float os[DPL];
-        att_merge<DPL>([&](int k, int off) { return ld_cluster(cp + off, k); }, S, hd, lane, os);
-        att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
+        const float* c = cp[warp];
+        att_merge<DPL>([&](int k, int off) { return ld_cluster(c + off, k); }, S, hd, lane, os);
+        int h = h0 + warp;
+        att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
     }
     // The other blocks' shared memory is read: they may exit.
     cluster_sync_all();
@@ -717,13 +761,20 @@ __device__ __forceinline__ void attention_cluster_merge(const float* sm, const f
 
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
 // done here instead. q is then the raw QKV row; every block applies the
-// norm and RoPE to its query head, the block holding the token's own
+// norm and RoPE to its query heads, the block holding the token's own
 // position computes that position's K (and reads V) from the QKV row rather
-// than the cache, and the first query head of each KV group writes both to
-// the cache for later steps. CLU: the slices merge inside a cluster
+// than the cache, and the first block of each KV group writes both to the
+// cache for later steps. CLU: the slices merge inside a cluster
 // (attention_cluster_merge). L2W: the block also issues its share of an L2
 // window (l2_ahead) for the O projection after it, before its PDL wait.
-template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false>
+// G: query heads a block serves, up to G of one KV group, so each K / V row
+// it loads serves all of them (a block per query head loads the group's
+// rows group times: at long contexts those loads and their round trips are
+// the kernel's time). A larger group splits evenly over ceil(group / G)
+// blocks; a block of fewer heads than G computes copies of its last (never
+// stored). Each head's arithmetic is the one-head kernel's in the same
+// order, so G changes no bit. backend.rs att_head_blocks must agree.
+template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -733,17 +784,23 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                float eps, const float* cosb, const float* sinb, int neox,
                                                const u8* pfa = nullptr, u64 pfna = 0, const u8* pfb = nullptr,
                                                u64 pfnb = 0) {
-    constexpr int W = ATT_DEC_WARPS(DPL);
-    __shared__ float sm[W], sl[W];
-    __shared__ float sacc[W][DPL * 32];
+    constexpr int W = ATT_DEC_WARPS(DPL, G);
+    static_assert(W >= G, "a warp per head for the merges");
+    __shared__ float sm[G][W], sl[G][W];
+    __shared__ float sacc[G][W][DPL * 32];
     __shared__ int last;
-    // CLU: grid (S, heads, tokens) in clusters of S; else (heads, tokens, S).
-    int h = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
+    // CLU: grid (S, head blocks, tokens) in clusters of S; else (head
+    // blocks, tokens, S).
+    int hb = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
     int S = CLU ? gridDim.x : gridDim.z, sp = CLU ? blockIdx.x : blockIdx.z;
     int ntok = CLU ? gridDim.z : gridDim.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = n_heads / n_kv;
-    int kh = h / group;
+    // This block's heads: h0 .. h0 + gn - 1 of KV head kh.
+    int nsub = (group + G - 1) / G, gper = (group + nsub - 1) / nsub;
+    int kh = hb / nsub, sub = hb - kh * nsub;
+    int h0 = kh * group + sub * gper;
+    int gn = min(gper, group - sub * gper);
     int kvd = n_kv * hd;
     u32 pos = positions[t];
     int end = (int)ends[t];
@@ -777,13 +834,18 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
     if (L2W) l2_ahead(L2A_ARGS);
     PDL_ENTRY();
-    const float* qh = q + (u64)t * qstride + h * hd;
-    float qv[DPL], acc[DPL];
+    float qv[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int d = lane + 32 * i;
-        qv[i] = d < hd ? qh[d] : 0.0f;
-        acc[i] = 0.0f;
+    for (int g = 0; g < G; g++) {
+        const float* qh = q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            qv[g][i] = d < hd ? qh[d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
     }
     // FUSED: the token's own position (the last of the range, so the last
     // of its warp's) is taken after the loop, from the QKV row, whose K and
@@ -800,8 +862,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
         }
     }
-    if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
-    float m = -INFINITY, l = 0.0f;
+    if (FUSED) {
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            head_post<DPL>(qv[g], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+    }
     int lend = own ? end - 1 : end;
     // The warp's positions in order, slot j holding every PRE-th: each slot
     // is refilled with the position PRE on as soon as it is used, so PRE
@@ -818,7 +883,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         for (int j = 0; j < PRE; j++) {
             int p = b + j * W;
             if (p < lend) {
-                att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                att_step<DPL, G>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
                 int pn = p + PRE * W;
                 if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
             }
@@ -832,7 +897,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             okv[i] = kv_round<KV>(okv[i]);
             ovv[i] = kv_round<KV>(ovv[i]);
         }
-        if (h % group == 0) {
+        if (sub == 0) {
             u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
@@ -843,50 +908,69 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 }
             }
         }
-        att_step<DPL>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
-    }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
+        att_step<DPL, G>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            sm[g][warp] = m[g];
+            sl[g][warp] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) sacc[g][warp][lane + 32 * i] = acc[g][i];
+    }
     __syncthreads();
+    float* ob = out + (u64)t * ostride;
+    u64 xrow = (u64)t * ostride;
     if (CLU) {
-        attention_cluster_merge<DPL, W>(sm, sl, sacc, hd, S, sp, warp, lane, out + (u64)t * ostride + h * hd, xq,
-                                     xqd, xqs, ((u64)t * ostride + (u64)h * hd) >> 5);
+        attention_cluster_merge<DPL, W, G>(sm, sl, sacc, hd, S, sp, warp, lane, h0, gn, ob, xrow, xq, xqd, xqs);
         return;
     }
-    if (warp != 0) return;
-    float M, L, f[W];
-    att_block_weights<W>(sm, sl, f, M, L);
-    float* o = out + (u64)t * ostride + h * hd;
-    u64 blk0 = ((u64)t * ostride + (u64)h * hd) >> 5;
+    // Warp g takes head h0 + g from here on.
+    int h = h0 + warp;
     if (S == 1) {
+        if (warp >= gn) return;
+        float M, L, f[W];
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
         float invL = L > 0.0f ? 1.0f / L : 0.0f;
         float ov[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            ov[i] = (d < hd ? att_block_sum<DPL, W>(sacc, f, d) : 0.0f) * invL;
+            ov[i] = (d < hd ? att_block_sum<DPL, W>(sacc[warp], f, d) : 0.0f) * invL;
         }
-        att_store<DPL>(o, ov, hd, lane, xq, xqd, xqs, blk0);
+        att_store<DPL>(ob + (u64)h * hd, ov, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
         return;
     }
-    // Partial (M, L, Σ e·v) of this slice; the slices of a pair are contiguous.
-    u64 pair = (u64)t * n_heads + h;
-    att_slice_put<DPL, W>(part + (pair * S + sp) * (hd + 2), sacc, f, M, L, hd, lane);
-    fence_acq_rel_gpu();
-    if (lane == 0) last = atomicAdd(counters + pair, 1u) == (u32)(S - 1);
-    __syncwarp();
-    if (!last) return;
+    // Partial (M, L, Σ e·v) of this slice for each head; the slices of a
+    // (token, head) pair are contiguous. One counter a block, at its first
+    // head's pair.
+    u64 pair0 = (u64)t * n_heads + h0;
+    // One head: warp 0 alone from here (no block barrier).
+    if (G == 1 && warp != 0) return;
+    if (warp < gn) {
+        float M, L, f[W];
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+        att_slice_put<DPL, W>(part + ((pair0 + warp) * S + sp) * (hd + 2), sacc[warp], f, M, L, hd, lane);
+        fence_acq_rel_gpu();
+    }
+    if (G > 1) __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + pair0, 1u) == (u32)(S - 1);
+        // Every slice has counted: ready for the next launch.
+        if (last) counters[pair0] = 0;
+    }
+    if (G > 1)
+        __syncthreads();
+    else
+        __syncwarp();
+    if (!last || warp >= gn) return;
     fence_acq_rel_gpu();
     // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
-    const float* base = part + pair * S * (hd + 2);
+    const float* base = part + (pair0 + warp) * S * (hd + 2);
     float os[DPL];
     att_merge<DPL>([&](int k, int off) { return __ldcg(base + k * (hd + 2) + off); }, S, hd, lane, os);
-    att_store<DPL>(o, os, hd, lane, xq, xqd, xqs, blk0);
-    if (lane == 0) counters[pair] = 0;
+    att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
 }
 
 // Head dims up to 32 * DPL (the backend picks the smallest): registers
@@ -904,40 +988,56 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #define ATT_F_ARGS                                                                                     \
     q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, bs, nlg, lig, window, \
         scale, softcap, out, ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox
-#define ATTENTION(D, F, DPL, CLU, KV)                                                                  \
-    extern "C" __global__ void D(                                                                      \
+// The grouped kernels' 512 threads need the bound (registers); the one-head
+// kernels keep the code they had without one.
+#define ATT_LB_1
+#define ATT_LB_4 __launch_bounds__(32 * 16)
+#define ATTENTION(D, F, DPL, CLU, KV, G)                                                               \
+    extern "C" __global__ void ATT_LB_##G D(                        \
         const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,        \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
-        attention_impl<KV, DPL, false, CLU>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, \
-                                            tables, tstride, bs, nlg, lig, window, scale, softcap, out, \
-                                            ostride, part, counters, xq, xqd, xqs, 0, 0, 0.0f, 0, 0, 0); \
+        attention_impl<KV, DPL, false, CLU, false, G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, \
+                                                      rowidx, tables, tstride, bs, nlg, lig, window, scale, \
+                                                      softcap, out, ostride, part, counters, xq, xqd, xqs, 0, \
+                                                      0, 0.0f, 0, 0, 0);                                \
     }                                                                                                  \
-    extern "C" __global__ void F(ATT_F_PARAMS(KV)) { attention_impl<KV, DPL, true, CLU>(ATT_F_ARGS); }
-ATTENTION(attention_d2, attention_f2, 2, false, float)
-ATTENTION(attention_d4, attention_f4, 4, false, float)
-ATTENTION(attention_d8, attention_f8, 8, false, float)
-ATTENTION(attention_cd4, attention_cf4, 4, true, float)
+    extern "C" __global__ void ATT_LB_##G F(ATT_F_PARAMS(KV)) {       \
+        attention_impl<KV, DPL, true, CLU, false, G>(ATT_F_ARGS);                                      \
+    }
+ATTENTION(attention_d2, attention_f2, 2, false, float, 1)
+ATTENTION(attention_d4, attention_f4, 4, false, float, 1)
+ATTENTION(attention_d8, attention_f8, 8, false, float, 1)
+ATTENTION(attention_cd4, attention_cf4, 4, true, float, 1)
+// Four query heads a block (G = 4), for long contexts (backend.rs AttReach).
+ATTENTION(attention_dg2, attention_fg2, 2, false, float, 4)
+ATTENTION(attention_dg4, attention_fg4, 4, false, float, 4)
 // The same over an f16 cache (`_h`).
-ATTENTION(attention_d2_h, attention_f2_h, 2, false, u16)
-ATTENTION(attention_d4_h, attention_f4_h, 4, false, u16)
-ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16)
-ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16)
+ATTENTION(attention_d2_h, attention_f2_h, 2, false, u16, 1)
+ATTENTION(attention_d4_h, attention_f4_h, 4, false, u16, 1)
+ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16, 1)
+ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16, 1)
+ATTENTION(attention_dg2_h, attention_fg2_h, 2, false, u16, 4)
+ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
 
 // The F kernels with an L2 window (l2_ahead), for layers whose O projection
 // reads float weights (the backend's AheadPlan); their own kernels so that
 // the others keep their code as it was.
-#define ATTENTION_L2W(FL, DPL, CLU, KV)                                                                \
-    extern "C" __global__ void FL(ATT_F_PARAMS(KV), L2A_PARAMS) {                                      \
-        attention_impl<KV, DPL, true, CLU, true>(ATT_F_ARGS, L2A_ARGS);                                \
+#define ATTENTION_L2W(FL, DPL, CLU, KV, G)                                                             \
+    extern "C" __global__ void ATT_LB_##G FL(ATT_F_PARAMS(KV), L2A_PARAMS) { \
+        attention_impl<KV, DPL, true, CLU, true, G>(ATT_F_ARGS, L2A_ARGS);                             \
     }
-ATTENTION_L2W(attention_fl2, 2, false, float)
-ATTENTION_L2W(attention_fl4, 4, false, float)
-ATTENTION_L2W(attention_cfl4, 4, true, float)
-ATTENTION_L2W(attention_fl2_h, 2, false, u16)
-ATTENTION_L2W(attention_fl4_h, 4, false, u16)
-ATTENTION_L2W(attention_cfl4_h, 4, true, u16)
+ATTENTION_L2W(attention_fl2, 2, false, float, 1)
+ATTENTION_L2W(attention_fl4, 4, false, float, 1)
+ATTENTION_L2W(attention_cfl4, 4, true, float, 1)
+ATTENTION_L2W(attention_flg2, 2, false, float, 4)
+ATTENTION_L2W(attention_flg4, 4, false, float, 4)
+ATTENTION_L2W(attention_fl2_h, 2, false, u16, 1)
+ATTENTION_L2W(attention_fl4_h, 4, false, u16, 1)
+ATTENTION_L2W(attention_cfl4_h, 4, true, u16, 1)
+ATTENTION_L2W(attention_flg2_h, 2, false, u16, 4)
+ATTENTION_L2W(attention_flg4_h, 4, false, u16, 4)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).

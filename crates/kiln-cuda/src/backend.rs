@@ -387,14 +387,49 @@ const ATT_SPLIT_MAX: usize = 16;
 /// cluster gains 1.1% at positions 16-272 and loses 1.4% at 256-512, 5% at
 /// 1,024-1,280, 21% at 8,192-8,448 (NOTES.md item 60).
 const ATT_CLUSTER_CTX: usize = 256;
+/// Decode steps reaching this position or further take the grouped decode
+/// attention (four query heads a block, [`AttReach::Long`]) for head dims up
+/// to 64, and [`ATT_GROUP_CTX_128`] for 65-128. Below, it loses to a block
+/// per head: with 16 warps and 128 registers a block fills an SM, which then
+/// takes none of the next GEMV's blocks early (8B Q4_0 at positions 16-272:
+/// 474 -> 398 tok/s); from ~1,000 positions its shared loads win (8,192:
+/// 238 -> 321). NOTES.md item 62.
+const ATT_GROUP_CTX_64: usize = 512;
+const ATT_GROUP_CTX_128: usize = 1024;
+
+/// How a decode step's attention is laid out, by how far its positions
+/// reach; graphs are keyed by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttReach {
+    /// Every position below `att_cluster_ctx`: split slices may merge
+    /// inside a thread-block cluster.
+    Short = 0,
+    /// A block per query head, slices merged through global memory.
+    Mid = 1,
+    /// Some position at `att_group_ctx` or past: a block per four query
+    /// heads of a KV group (`attention_*g*`).
+    Long = 2,
+}
+
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
-/// 256: 32 * ATT_DEC_WARPS(DPL) in ops.cu.
-fn att_dec_threads(dpl: usize) -> u32 {
-    if dpl == 0 {
-        256
+/// 256: 32 * ATT_DEC_WARPS(DPL, G) in ops.cu; `grouped`: the G = 4 kernels.
+fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
+    match (grouped, dpl) {
+        (true, _) => 512,
+        (false, 0) => 256,
+        _ => 128,
+    }
+}
+/// Blocks of query heads the split decode attention's grid has per token:
+/// one per head, or (`grouped`) one per up to four heads of a KV group, a
+/// larger group splitting evenly over ceil(group / 4) blocks (attention_impl's
+/// G in ops.cu).
+fn att_head_blocks(n_heads: usize, n_kv: usize, grouped: bool) -> usize {
+    if grouped {
+        n_kv * (n_heads / n_kv.max(1)).div_ceil(4)
     } else {
-        128
+        n_heads
     }
 }
 /// The most slices a context of `max_ctx` positions is split into: one per
@@ -772,6 +807,12 @@ struct Kernels {
     /// `attention_f2` / `f4` / `cf4` issuing an L2 window ([`AheadPlan`]):
     /// `attention_fl2` / `fl4` / `cfl4`.
     attention_l2w: [cudarc::driver::sys::CUfunction; 3],
+    /// The grouped decode attention (four query heads a block) for head
+    /// dims up to 64 and 128: `attention_dg*`, fused `attention_fg*`, with
+    /// an L2 window `attention_flg*`.
+    attention_grouped: [cudarc::driver::sys::CUfunction; 2],
+    attention_grouped_fused: [cudarc::driver::sys::CUfunction; 2],
+    attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -917,6 +958,9 @@ impl Kernels {
                 kvf(gpu, "attention_fl4")?,
                 kvf(gpu, "attention_cfl4")?,
             ],
+            attention_grouped: [kvf(gpu, "attention_dg2")?, kvf(gpu, "attention_dg4")?],
+            attention_grouped_fused: [kvf(gpu, "attention_fg2")?, kvf(gpu, "attention_fg4")?],
+            attention_grouped_l2w: [kvf(gpu, "attention_flg2")?, kvf(gpu, "attention_flg4")?],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1135,6 +1179,9 @@ pub struct CudaBackend {
     /// ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`: every step; 0
     /// where none can).
     att_cluster_ctx: usize,
+    /// Steps reaching this position take the grouped decode attention
+    /// ([`AttReach::Long`]; `usize::MAX`: never).
+    att_group_ctx: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -1655,7 +1702,8 @@ impl CudaBackend {
             0
         };
         // `$KILN_CUDA_ATT_SPLIT=S` splits every decode attention into up to
-        // S slices of one position or more (tests of the merge).
+        // S slices of one position or more (tests of the merge; up to 32,
+        // what att_merge takes).
         let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -1666,7 +1714,7 @@ impl CudaBackend {
         };
         let att_split = forced
             .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SLICE_MIN))
-            .clamp(1, ATT_SPLIT_MAX)
+            .clamp(1, if forced.is_some() { 32 } else { ATT_SPLIT_MAX })
             .next_power_of_two();
         let split_pairs = b.min(att_split_tokens) * d.n_heads;
         let att_part_floats = if att_split > 1 {
@@ -1762,7 +1810,7 @@ impl CudaBackend {
             k.attention_cl
                 .iter()
                 .chain(&k.attention_l2w[2..])
-                .map(|&f| gpu.max_cluster(f, att_dec_threads(1), ATT_SPLIT_MAX as u32))
+                .map(|&f| gpu.max_cluster(f, att_dec_threads(1, false), ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize
         };
@@ -1775,6 +1823,25 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(ATT_CLUSTER_CTX),
+        };
+        // The grouped kernels exist for head dims up to 128; a group of two
+        // or one would leave half or more of a block's heads copies.
+        // `$KILN_CUDA_ATT_GROUP=0` never, `$KILN_CUDA_ATT_GROUP_CTX` the bound
+        // (0: every step).
+        let att_group_ctx = if d.head_dim > 128
+            || d.n_heads / d.n_kv_heads.max(1) < 3
+            || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0")
+        {
+            usize::MAX
+        } else {
+            std::env::var("KILN_CUDA_ATT_GROUP_CTX")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(if d.head_dim <= 64 {
+                    ATT_GROUP_CTX_64
+                } else {
+                    ATT_GROUP_CTX_128
+                })
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
@@ -1944,7 +2011,7 @@ impl CudaBackend {
             host_samp: vec![0; 4 * b],
             pinned: crate::pinned::PinnedIds::new(b)?,
             row_seqs: Vec::with_capacity(b),
-            graphs: (0..4 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
+            graphs: (0..6 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
                 .map(|_| None)
                 .collect(),
             graph_argmax: match std::env::var("KILN_CUDA_GRAPH_ARGMAX").as_deref() {
@@ -2010,6 +2077,7 @@ impl CudaBackend {
             float_windows: false,
             att_cluster_max,
             att_cluster_ctx,
+            att_group_ctx,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -2923,17 +2991,17 @@ impl CudaBackend {
         )
     }
 
-    /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
-    /// want logits; with `greedy`, also the argmax of each logits row.
-    /// Slices for the decode attention of `batch`: enough (query head,
+    /// Slices for the decode attention of `batch`: enough (head block,
     /// token, slice) blocks to fill the GPU `att_blocks` / SMs times over, a
     /// power of two up to `att_split`. It depends on the batch size only,
     /// not on the context length, so one captured graph serves a whole
     /// generation (the length-based count left 1-4 slices of 256 positions
     /// at contexts below 1024, each warp walking 64 positions in a row:
     /// 666 tok/s against 961 with 16 slices, 1B Q4_0 shape).
-    fn split_for(&self, batch: &Batch<'_>) -> usize {
-        let pairs = self.desc.n_heads * batch.len().max(1);
+    fn split_for(&self, batch: &Batch<'_>, reach: AttReach) -> usize {
+        let d = &self.desc;
+        let grouped = reach == AttReach::Long;
+        let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
         self.att_blocks
             .div_ceil(pairs)
             .min(self.att_split)
@@ -2958,16 +3026,19 @@ impl CudaBackend {
             .collect()
     }
 
+    /// Enqueues the whole forward pass for `n` staged tokens, `k` of which
+    /// want logits; with `greedy`, also the argmax of each logits row.
     /// `chunk`: the batch is one sequence's consecutive tokens from this
     /// position.
-    /// `cluster`: split decode attention may merge inside a cluster.
+    /// `reach`: how the split decode attention is laid out.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         n: usize,
         k: usize,
         greedy: bool,
         split: usize,
-        cluster: bool,
+        reach: AttReach,
         chunk: Option<usize>,
     ) -> CuResult<()> {
         let d = &self.desc;
@@ -3148,15 +3219,19 @@ impl CudaBackend {
                     65..=128 => 1,
                     _ => 2,
                 };
-                let att_dec = if fused {
-                    self.k.attention_fused[d.head_dim / 128]
-                } else {
-                    self.k.attention[dpl]
+                // `att_group_ctx` is usize::MAX for head dims past 128.
+                let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
+                let att_dec = match (grouped, fused) {
+                    (true, true) => self.k.attention_grouped_fused[dpl],
+                    (true, false) => self.k.attention_grouped[dpl],
+                    (false, true) => self.k.attention_fused[d.head_dim / 128],
+                    (false, false) => self.k.attention[dpl],
                 };
+                let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
-                    None if n <= self.att_split_tokens => (att_dec, d.n_heads, split),
-                    None => (att_dec, d.n_heads, 1),
+                    None if n <= self.att_split_tokens => (att_dec, head_blocks, split),
+                    None => (att_dec, head_blocks, 1),
                 };
                 let shape = [
                     Arg::I(d.n_heads as i32),
@@ -3210,7 +3285,7 @@ impl CudaBackend {
                 // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
                 // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
-                if cluster
+                if reach == AttReach::Short
                     && dpl == 1
                     && gqa.is_none()
                     && split >= 2
@@ -3224,7 +3299,7 @@ impl CudaBackend {
                     self.gpu.launch_cluster(
                         f,
                         (split as u32, att_heads as u32, n as u32),
-                        att_dec_threads(dpl),
+                        att_dec_threads(dpl, false),
                         split as u32,
                         args.get(),
                     )?;
@@ -3233,12 +3308,12 @@ impl CudaBackend {
                     let block = if gqa.is_some() {
                         128
                     } else {
-                        att_dec_threads(dpl)
+                        att_dec_threads(dpl, grouped)
                     };
-                    let f = if l2w {
-                        self.k.attention_l2w[d.head_dim / 128]
-                    } else {
-                        att_f
+                    let f = match (l2w, grouped) {
+                        (true, true) => self.k.attention_grouped_l2w[dpl],
+                        (true, false) => self.k.attention_l2w[d.head_dim / 128],
+                        _ => att_f,
                     };
                     self.gpu.launch(
                         f,
@@ -3397,13 +3472,31 @@ impl CudaBackend {
         )
     }
 
+    /// The decode attention's layout for `batch`, by its furthest position.
+    fn reach_of(&self, batch: &Batch<'_>) -> AttReach {
+        let far = batch
+            .positions
+            .iter()
+            .map(|&p| p as usize)
+            .max()
+            .unwrap_or(0);
+        if far >= self.att_group_ctx {
+            AttReach::Long
+        } else if far < self.att_cluster_ctx {
+            AttReach::Short
+        } else {
+            AttReach::Mid
+        }
+    }
+
     /// Runs the staged step: replayed from a graph when it is a decode step
     /// (one token per sequence, all wanting logits) and graphs are on.
     fn run(&mut self, batch: &Batch<'_>, k: usize, greedy: bool) -> Result<()> {
         let n = batch.len();
-        let split = self.split_for(batch);
+        let reach = self.reach_of(batch);
+        let split = self.split_for(batch, reach);
         let levels = self.att_split.trailing_zeros() as usize + 1;
-        // Graphs are keyed by (n, split, cluster, greedy): a greedy step's argmax is
+        // Graphs are keyed by (n, split, reach, greedy): a greedy step's argmax is
         // the graph's last kernel, except where the step issues L2 windows:
         // replayed right behind the previous replay with no kernel launched
         // between them, the windows stop paying (~19 µs a step; NOTES.md
@@ -3416,13 +3509,7 @@ impl CudaBackend {
                 1 => !windowed,
                 _ => true,
             };
-        // And by whether the step's contexts are short enough for the
-        // cluster merge.
-        let cluster = batch
-            .positions
-            .iter()
-            .all(|&p| (p as usize) < self.att_cluster_ctx);
-        let gi = 2 * (2 * (n * levels + split.trailing_zeros() as usize) + cluster as usize)
+        let gi = 2 * (3 * (n * levels + split.trailing_zeros() as usize) + reach as usize)
             + greedy_in_graph as usize;
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
@@ -3434,12 +3521,12 @@ impl CudaBackend {
                     .iter()
                     .enumerate()
                     .all(|(i, &p)| p as usize == p0 + i);
-            self.enqueue(n, k, greedy, split, cluster, chunk.then_some(p0))?;
+            self.enqueue(n, k, greedy, split, reach, chunk.then_some(p0))?;
             return Ok(());
         }
         if self.graphs[gi].is_none() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue(n, k, greedy_in_graph, split, cluster, None);
+            let r = self.enqueue(n, k, greedy_in_graph, split, reach, None);
             let g = self.gpu.end_capture();
             r?;
             self.graphs[gi] = Some(g?);
