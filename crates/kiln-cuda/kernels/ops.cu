@@ -532,7 +532,7 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
     if (norm) {
         double ss = 0.0;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) ss += (double)v[i] * (double)v[i];
+        for (int i = 0; i < DPL; i++) ss = __fma_rn((double)v[i], (double)v[i], ss);
         ss = warp_sum_d(ss);
         float inv = (float)inv_rms(ss, hd, eps);
 #pragma unroll
@@ -586,7 +586,9 @@ __device__ __forceinline__ void warp_sums(float* s, int lane) {
 // K / V row: scores, running maxima and sums, accumulated e * V (K and V as
 // float or raw cache elements, kv_f). Each head's arithmetic is the one-head
 // step's in the same order; the G warp sums are interleaved (independent
-// shuffle chains).
+// shuffle chains). The fused multiply-adds are spelled out: left to the
+// compiler, kernels of different G contracted `acc * corr + e * v` on
+// different sides (logits 3e-6 apart, more with an f16 cache).
 template <int DPL, int G, typename T>
 __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, const T* vv, int hd, int lane,
                                          float scale, float softcap, float* m, float* l, float (*acc)[DPL]) {
@@ -597,7 +599,7 @@ __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, co
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) s[g] += qv[g][i] * kv_f(kv[i]);
+            if (d < hd) s[g] = __fmaf_rn(qv[g][i], kv_f(kv[i]), s[g]);
         }
     }
     warp_sums<G>(s, lane);
@@ -608,11 +610,11 @@ __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, co
         float mn = fmaxf(m[g], sg);
         float corr = __expf(m[g] - mn);
         float e = __expf(sg - mn);
-        l[g] = l[g] * corr + e;
+        l[g] = __fmaf_rn(l[g], corr, e);
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            acc[g][i] = acc[g][i] * corr + (d < hd ? e * kv_f(vv[i]) : 0.0f);
+            acc[g][i] = __fmaf_rn(acc[g][i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
         }
         m[g] = mn;
     }
@@ -671,7 +673,7 @@ __device__ __forceinline__ void att_block_weights(const float* sm, const float* 
     L = 0.0f;
     for (int w = 0; w < W; w++) {
         f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
-        L += sl[w] * f[w];
+        L = __fmaf_rn(sl[w], f[w], L);
     }
 }
 
@@ -679,7 +681,7 @@ __device__ __forceinline__ void att_block_weights(const float* sm, const float* 
 template <int DPL, int W>
 __device__ __forceinline__ float att_block_sum(const float (*sacc)[DPL * 32], const float* f, int d) {
     float s = 0.0f;
-    for (int w = 0; w < W; w++) s += sacc[w][d] * f[w];
+    for (int w = 0; w < W; w++) s = __fmaf_rn(sacc[w][d], f[w], s);
     return s;
 }
 
@@ -722,7 +724,7 @@ __device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float*
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) os[i] += ld(k, 2 + d) * w;
+            if (d < hd) os[i] = __fmaf_rn(ld(k, 2 + d), w, os[i]);
         }
     }
 #pragma unroll

@@ -1824,24 +1824,24 @@ impl CudaBackend {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(ATT_CLUSTER_CTX),
         };
-        // The grouped kernels exist for head dims up to 128; a group of two
-        // or one would leave half or more of a block's heads copies.
-        // `$KILN_CUDA_ATT_GROUP=0` never, `$KILN_CUDA_ATT_GROUP_CTX` the bound
-        // (0: every step).
-        let att_group_ctx = if d.head_dim > 128
-            || d.n_heads / d.n_kv_heads.max(1) < 3
-            || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0")
-        {
-            usize::MAX
-        } else {
-            std::env::var("KILN_CUDA_ATT_GROUP_CTX")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(if d.head_dim <= 64 {
-                    ATT_GROUP_CTX_64
-                } else {
-                    ATT_GROUP_CTX_128
-                })
+        // The grouped kernels exist for head dims up to 128; by default a
+        // group of two or one (half or more of a block's heads copies) does
+        // not take them. `$KILN_CUDA_ATT_GROUP=0` never,
+        // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
+        // the tiny fixtures' groups of 2 and 1 are checked so).
+        let group_ctx_env = std::env::var("KILN_CUDA_ATT_GROUP_CTX")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let att_group_ctx = match group_ctx_env {
+            _ if d.head_dim > 128
+                || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
+            {
+                usize::MAX
+            }
+            Some(c) => c,
+            None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
+            None if d.head_dim <= 64 => ATT_GROUP_CTX_64,
+            None => ATT_GROUP_CTX_128,
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
