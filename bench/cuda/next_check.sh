@@ -263,15 +263,17 @@ gqa)
   done; done; done ;;
 gqadepth)
   # Where the grouped decode attention starts to pay: $GD_BINS (default main, kiln_a, against the
-  # branch, kiln), tg256 p16 and decode after $GD_DEPTHS-token prompts, 1B / 8B q4_0, one round.
-  /tmp/kiln synth Llama-3.2-1B /tmp/q1 --types q4_0 > /dev/null 2>&1
-  /tmp/kiln synth Llama-3.1-8B /tmp/q8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for S in q8 q1; do m=/tmp/$S/model-q4_0.gguf; for b in ${GD_BINS:-kiln_a kiln}; do
-    echo "$S $b tg256 $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  # branch, kiln), tg256 p16 and decode after $GD_DEPTHS-token prompts, 8B then 1B, $GD_TYPES
+  # (default q4_0), $GD_ROUNDS rounds (default 1), $GD_SIZES (default q8 q1).
+  for S in ${GD_SIZES:-q8 q1}; do
+    /tmp/kiln synth $([ $S = q8 ] && echo Llama-3.1-8B || echo Llama-3.2-1B) /tmp/$S --types q4_0 > /dev/null 2>&1
+  done; date -u +%T
+  for S in ${GD_SIZES:-q8 q1}; do for t in ${GD_TYPES:-q4_0}; do m=$(model_of /tmp/$S $t); for r in $(seq ${GD_ROUNDS:-1}); do for b in ${GD_BINS:-kiln_a kiln}; do
+    echo "$S $t $b tg256 $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     for d in ${GD_DEPTHS:-256 512 1024 2048 8192}; do
-      echo "$S $b depth $d $(/tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+      echo "$S $t $b depth $d $(/tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
-  done; done ;;
+  done; done; done; done ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).

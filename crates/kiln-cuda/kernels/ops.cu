@@ -798,11 +798,21 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     int ntok = CLU ? gridDim.z : gridDim.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = n_heads / n_kv;
-    // This block's heads: h0 .. h0 + gn - 1 of KV head kh.
-    int nsub = (group + G - 1) / G, gper = (group + nsub - 1) / nsub;
-    int kh = hb / nsub, sub = hb - kh * nsub;
-    int h0 = kh * group + sub * gper;
-    int gn = min(gper, group - sub * gper);
+    // This block's heads: h0 .. h0 + gn - 1 of KV head kh, the sub-th
+    // block of its group.
+    int kh, sub, h0, gn;
+    if (G == 1) {
+        h0 = hb;
+        kh = hb / group;
+        sub = hb % group;
+        gn = 1;
+    } else {
+        int nsub = (group + G - 1) / G, gper = (group + nsub - 1) / nsub;
+        kh = hb / nsub;
+        sub = hb - kh * nsub;
+        h0 = kh * group + sub * gper;
+        gn = min(gper, group - sub * gper);
+    }
     int kvd = n_kv * hd;
     u32 pos = positions[t];
     int end = (int)ends[t];
@@ -928,7 +938,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         attention_cluster_merge<DPL, W, G>(sm, sl, sacc, hd, S, sp, warp, lane, h0, gn, ob, xrow, xq, xqd, xqs);
         return;
     }
-    // Warp g takes head h0 + g from here on.
+    // Warp g takes head h0 + g from here on (one head: warp 0 alone, no
+    // block barrier).
+    if (G == 1 && warp != 0) return;
     int h = h0 + warp;
     if (S == 1) {
         if (warp >= gn) return;
@@ -948,8 +960,6 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // (token, head) pair are contiguous. One counter a block, at its first
     // head's pair.
     u64 pair0 = (u64)t * n_heads + h0;
-    // One head: warp 0 alone from here (no block barrier).
-    if (G == 1 && warp != 0) return;
     if (warp < gn) {
         float M, L, f[W];
         att_block_weights<W>(sm[warp], sl[warp], f, M, L);
@@ -957,11 +967,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         fence_acq_rel_gpu();
     }
     if (G > 1) __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counters + pair0, 1u) == (u32)(S - 1);
-        // Every slice has counted: ready for the next launch.
-        if (last) counters[pair0] = 0;
-    }
+    if (threadIdx.x == 0) last = atomicAdd(counters + pair0, 1u) == (u32)(S - 1);
     if (G > 1)
         __syncthreads();
     else
@@ -973,6 +979,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     float os[DPL];
     att_merge<DPL>([&](int k, int off) { return __ldcg(base + k * (hd + 2) + off); }, S, hd, lane, os);
     att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+    // Every slice has counted: ready for the next launch.
+    if (threadIdx.x == 0) counters[pair0] = 0;
 }
 
 // Head dims up to 32 * DPL (the backend picks the smallest): registers
@@ -990,12 +998,18 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #define ATT_F_ARGS                                                                                     \
     q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, bs, nlg, lig, window, \
         scale, softcap, out, ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox
-// The grouped kernels' 512 threads need the bound (registers); the one-head
-// kernels keep the code they had without one.
-#define ATT_LB_1
-#define ATT_LB_4 __launch_bounds__(32 * 16)
+// Launch bounds by G and DPL: the grouped kernels' 512 threads need one
+// (registers); one-head blocks of 8 warps (DPL 2) must stay at 64 registers
+// so that 4 blocks an SM hold a one-sequence step's 512 in one wave (at 69,
+// the window kernel's 3 an SM cost 1B bf16 3.5% at tg256); the others had
+// none.
+#define ATT_LB_1_2 __launch_bounds__(32 * 8, 4)
+#define ATT_LB_1_4
+#define ATT_LB_1_8
+#define ATT_LB_4_2 __launch_bounds__(32 * 16)
+#define ATT_LB_4_4 __launch_bounds__(32 * 16)
 #define ATTENTION(D, F, DPL, CLU, KV, G)                                                               \
-    extern "C" __global__ void ATT_LB_##G D(                        \
+    extern "C" __global__ void ATT_LB_##G##_##DPL D(                        \
         const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,        \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
@@ -1005,7 +1019,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                       softcap, out, ostride, part, counters, xq, xqd, xqs, 0, \
                                                       0, 0.0f, 0, 0, 0);                                \
     }                                                                                                  \
-    extern "C" __global__ void ATT_LB_##G F(ATT_F_PARAMS(KV)) {       \
+    extern "C" __global__ void ATT_LB_##G##_##DPL F(ATT_F_PARAMS(KV)) {       \
         attention_impl<KV, DPL, true, CLU, false, G>(ATT_F_ARGS);                                      \
     }
 ATTENTION(attention_d2, attention_f2, 2, false, float, 1)
@@ -1027,7 +1041,7 @@ ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
 // reads float weights (the backend's AheadPlan); their own kernels so that
 // the others keep their code as it was.
 #define ATTENTION_L2W(FL, DPL, CLU, KV, G)                                                             \
-    extern "C" __global__ void ATT_LB_##G FL(ATT_F_PARAMS(KV), L2A_PARAMS) { \
+    extern "C" __global__ void ATT_LB_##G##_##DPL FL(ATT_F_PARAMS(KV), L2A_PARAMS) { \
         attention_impl<KV, DPL, true, CLU, true, G>(ATT_F_ARGS, L2A_ARGS);                             \
     }
 ATTENTION_L2W(attention_fl2, 2, false, float, 1)
