@@ -26,6 +26,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqa      # grouped decode attention: main vs branch vs branch at 32 slices, tg256 and depth
 #   bash bench/cuda/next_check.sh gqadepth # main vs branch by depth (tg256, then after 256-8,192-token prompts)
+#   bash bench/cuda/next_check.sh gqakv    # the same over an f16 cache (8B / 1B q4_0), then `targets`
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -274,6 +275,19 @@ gqadepth)
       echo "$S $t $b depth $d $(/tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
   done; done; done; done ;;
+gqakv)
+  # The grouped decode attention over an f16 cache: main (kiln_a) against the branch, f16 KV,
+  # tg256 p16 and decode after 1,024 / 8,192-token prompts, 8B and 1B q4_0, then the #7 table.
+  for S in q8 q1; do
+    /tmp/kiln synth $([ $S = q8 ] && echo Llama-3.1-8B || echo Llama-3.2-1B) /tmp/$S --types q4_0 > /dev/null 2>&1
+  done; date -u +%T
+  for S in q8 q1; do m=/tmp/$S/model-q4_0.gguf; for b in kiln_a kiln; do
+    echo "$S f16 $b tg256 $(/tmp/$b bench $m --device cuda -ctk f16 -ctv f16 -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    for d in 1024 8192; do
+      echo "$S f16 $b depth $d $(/tmp/$b bench $m --device cuda -ctk f16 -ctv f16 --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+    done
+  done; rm -rf /tmp/$S; done
+  [ "${GQAKV_TARGETS:-1}" = 1 ] && bash "$0" targets ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).
