@@ -556,6 +556,26 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
     }
 }
 
+// The query rows of G heads (row_of(g): the g-th head's) into registers as
+// attention holds a head (lane l: dims l, l + 32, ...), and each head's
+// online softmax state cleared.
+template <int G, int DPL, typename R>
+__device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float (*qv)[DPL], float (*acc)[DPL],
+                                               float* m, float* l) {
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float* qh = row_of(g);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            qv[g][i] = d < hd ? qh[d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+}
+
 // warp_sum of each of s[0 .. G-1] (G = 1 or 4), every lane getting every
 // sum. G = 4 halves the shuffles: the first two xor steps trade the halves
 // a lane does not keep (lanes 0-7 end with head 0's sum, 8-15 head 1's, ...),
@@ -855,18 +875,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     if (L2W) l2_ahead(L2A_ARGS);
     PDL_ENTRY();
     float qv[G][DPL], acc[G][DPL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float* qh = q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            qv[g][i] = d < hd ? qh[d] : 0.0f;
-            acc[g][i] = 0.0f;
-        }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-    }
+    att_heads_init<G, DPL>([&](int g) { return q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd; }, hd, lane,
+                           qv, acc, m, l);
     // FUSED: the token's own position (the last of the range, so the last
     // of its warp's) is taken after the loop, from the QKV row, whose K and
     // V are loaded here with q (one round trip for both).
@@ -1085,18 +1095,8 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
     int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
     const u32* table = tables + (u64)rowidx[t] * tstride;
     float qv[G][ATT_DPL], acc[G][ATT_DPL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float* qh = q + (u64)t * qstride + (kh * G + g) * hd;
-#pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) {
-            int d = lane + 32 * i;
-            qv[g][i] = d < hd ? qh[d] : 0.0f;
-            acc[g][i] = 0.0f;
-        }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-    }
+    att_heads_init<G, ATT_DPL>([&](int g) { return q + (u64)t * qstride + (kh * G + g) * hd; }, hd, lane, qv, acc, m,
+                               l);
     for (int p = start + warp; p < end; p += ATT_WARPS) {
         u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
         const KV* kp = kc + at;

@@ -1828,12 +1828,16 @@ impl CudaBackend {
         // group of two or one (half or more of a block's heads copies) does
         // not take them. `$KILN_CUDA_ATT_GROUP=0` never,
         // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
-        // the tiny fixtures' groups of 2 and 1 are checked so).
+        // the tiny fixtures' groups of 2 and 1 are checked so). Never with
+        // `invariant`: a step's reach is its furthest sequence's, and the
+        // grouped kernels round apart from the one-head ones, so a
+        // sequence's logits would depend on what shares its steps.
         let group_ctx_env = std::env::var("KILN_CUDA_ATT_GROUP_CTX")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
         let att_group_ctx = match group_ctx_env {
             _ if d.head_dim > 128
+                || opts.invariant
                 || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
             {
                 usize::MAX
@@ -3031,7 +3035,6 @@ impl CudaBackend {
     /// `chunk`: the batch is one sequence's consecutive tokens from this
     /// position.
     /// `reach`: how the split decode attention is laid out.
-    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         n: usize,
