@@ -24,9 +24,7 @@
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
-#   bash bench/cuda/next_check.sh gqa      # grouped decode attention: main vs branch vs branch at 32 slices, tg256 and depth
-#   bash bench/cuda/next_check.sh gqadepth # main vs branch by depth (tg256, then after 256-8,192-token prompts)
-#   bash bench/cuda/next_check.sh gqakv    # the same over an f16 cache (8B / 1B q4_0), then `targets`
+#   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -247,47 +245,22 @@ cluctx)
       echo "8B $t default depth $d $(/tmp/kiln bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
   done ;;
-gqa)
-  # The grouped decode attention (a block per KV group's query heads): main (kiln_a) against the
-  # branch, and the branch at 32 slices, tg256 p16 and decode after 2,048 / 8,192-token prompts
-  # (--batch 1, S_TG), 1B / 8B $GQA_TYPES (default q4_0 hf), two rounds alternated.
-  /tmp/kiln synth Llama-3.2-1B /tmp/q1 --types q4_0 > /dev/null 2>&1
-  /tmp/kiln synth Llama-3.1-8B /tmp/q8 --types q4_0 > /dev/null 2>&1; date -u +%T
-  for S in q1 q8; do for t in ${GQA_TYPES:-q4_0 hf}; do m=$(model_of /tmp/$S $t); for r in 1 2; do
-    for v in kiln_a kiln "kiln KILN_CUDA_ATT_SPLIT=32"; do
-      set -- $v; b=$1; shift
-      echo "$S $t $b $* tg256 $(env X=1 "$@" /tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-      for d in ${GQA_DEPTHS:-2048 8192}; do
-        echo "$S $t $b $* depth $d $(env X=1 "$@" /tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
-      done
-    done
-  done; done; done ;;
 gqadepth)
-  # Where the grouped decode attention starts to pay: $GD_BINS (default main, kiln_a, against the
-  # branch, kiln), tg256 p16 and decode after $GD_DEPTHS-token prompts, 8B then 1B, $GD_TYPES
-  # (default q4_0), $GD_ROUNDS rounds (default 1), $GD_SIZES (default q8 q1).
+  # Where the grouped decode attention pays: $GD_BINS (default main, kiln_a, against the branch,
+  # kiln), tg256 p16 and decode after $GD_DEPTHS-token prompts (--batch 1, S_TG), $GD_SIZES
+  # (default q8 q1: 8B, 1B), $GD_TYPES (default q4_0), KV cache $GD_KV (default f32), $GD_ROUNDS
+  # rounds (default 1). (The session's `gqa` mode, with a 32-slice variant, and `gqakv` are in
+  # history at 9afc0d6.)
+  KV="-ctk ${GD_KV:-f32} -ctv ${GD_KV:-f32}"; G=$(gguf_types ${GD_TYPES:-q4_0})
   for S in ${GD_SIZES:-q8 q1}; do
-    /tmp/kiln synth $([ $S = q8 ] && echo Llama-3.1-8B || echo Llama-3.2-1B) /tmp/$S --types q4_0 > /dev/null 2>&1
+    /tmp/kiln synth $([ $S = q8 ] && echo Llama-3.1-8B || echo Llama-3.2-1B) /tmp/$S --types ${G:-q4_0} > /dev/null 2>&1
   done; date -u +%T
   for S in ${GD_SIZES:-q8 q1}; do for t in ${GD_TYPES:-q4_0}; do m=$(model_of /tmp/$S $t); for r in $(seq ${GD_ROUNDS:-1}); do for b in ${GD_BINS:-kiln_a kiln}; do
-    echo "$S $t $b tg256 $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    echo "$S $t ${GD_KV:-f32} $b tg256 $(/tmp/$b bench $m --device cuda $KV -p 16 -n 256 -r 3 2>&1 | tg_of)"
     for d in ${GD_DEPTHS:-256 512 1024 2048 8192}; do
-      echo "$S $t $b depth $d $(/tmp/$b bench $m --device cuda --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
+      echo "$S $t ${GD_KV:-f32} $b depth $d $(/tmp/$b bench $m --device cuda $KV --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
   done; done; done; done ;;
-gqakv)
-  # The grouped decode attention over an f16 cache: main (kiln_a) against the branch, f16 KV,
-  # tg256 p16 and decode after 1,024 / 8,192-token prompts, 8B and 1B q4_0, then the #7 table.
-  for S in q8 q1; do
-    /tmp/kiln synth $([ $S = q8 ] && echo Llama-3.1-8B || echo Llama-3.2-1B) /tmp/$S --types q4_0 > /dev/null 2>&1
-  done; date -u +%T
-  for S in q8 q1; do m=/tmp/$S/model-q4_0.gguf; for b in kiln_a kiln; do
-    echo "$S f16 $b tg256 $(/tmp/$b bench $m --device cuda -ctk f16 -ctv f16 -p 16 -n 256 -r 3 2>&1 | tg_of)"
-    for d in 1024 8192; do
-      echo "$S f16 $b depth $d $(/tmp/$b bench $m --device cuda -ctk f16 -ctv f16 --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
-    done
-  done; rm -rf /tmp/$S; done
-  [ "${GQAKV_TARGETS:-1}" = 1 ] && bash "$0" targets ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).

@@ -890,7 +890,7 @@ fn fused_check(
         Ok(out)
     };
     let row = (|| -> Result<Row, String> {
-        let model = Arc::new(synth_llama_hd(ty, 2, hd)?);
+        let model = Arc::new(synth_llama_hd(ty, 2, hd, None)?);
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let same = plain
@@ -920,7 +920,7 @@ fn fused_check(
 /// The grouped decode attention (a block per four query heads of a KV
 /// group; from position 8 here, `KILN_CUDA_ATT_GROUP_CTX`) against a block
 /// per head (`KILN_CUDA_ATT_GROUP=0`) on a 2-layer synthetic model
-/// ([`synth_llama_shape`]): the logits of a 300-token prompt (chunks of 7),
+/// ([`synth_llama_hd`]): the logits of a 300-token prompt (chunks of 7),
 /// a 40-token one, and 12 one-sequence and 12 two-sequence decode steps,
 /// the same tokens fed to both. Not bit for bit: the grouped blocks spread a
 /// slice's positions over 16 warps, the others over 4 or 8, so the online
@@ -947,13 +947,7 @@ fn grouped_check(
             co.kv = KvTypes::F16;
         }
         let mut e = with_env_restored(&["KILN_CUDA_ATT_GROUP", "KILN_CUDA_ATT_GROUP_CTX"], || {
-            std::env::remove_var("KILN_CUDA_ATT_GROUP");
-            std::env::remove_var("KILN_CUDA_ATT_GROUP_CTX");
-            if grouped {
-                std::env::set_var("KILN_CUDA_ATT_GROUP_CTX", "8");
-            } else {
-                std::env::set_var("KILN_CUDA_ATT_GROUP", "0");
-            }
+            att_switch("KILN_CUDA_ATT_GROUP", grouped);
             cuda_engine_opts(model, o, co)
         })?;
         let err = |e: kiln_core::EngineError| e.to_string();
@@ -976,7 +970,7 @@ fn grouped_check(
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
     let file = format!("{}, grouped attention{kv}", ty.name());
     let row = (|| -> Result<Row, String> {
-        let model = Arc::new(synth_llama_shape(ty, 2, hd, heads)?);
+        let model = Arc::new(synth_llama_hd(ty, 2, hd, heads)?);
         let ((plain, v), (grouped, _)) = (run(&model, false)?, run(&model, true)?);
         let d = max_abs(&plain, &grouped);
         let rel = d / max_mag(&plain);
@@ -999,6 +993,19 @@ fn grouped_check(
         })
     })();
     rows.push(row.unwrap_or_else(|e| Row::failed(&model_name, &file, "a block per head", &e)));
+}
+
+/// An attention layout switched by the backend's environment (`var`, e.g.
+/// KILN_CUDA_ATT_GROUP, and `var`_CTX): `on`, from position 8; off, never.
+fn att_switch(var: &str, on: bool) {
+    let ctx = format!("{var}_CTX");
+    std::env::remove_var(var);
+    std::env::remove_var(&ctx);
+    if on {
+        std::env::set_var(ctx, "8");
+    } else {
+        std::env::set_var(var, "0");
+    }
 }
 
 /// Runs `f`, then puts the environment variables `vars` back as they were.
@@ -1071,16 +1078,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
                 "cluster merge below 8",
                 GgmlType::Q8_0,
                 128,
-                |_, on| {
-                    let (var, v) = if on {
-                        ("KILN_CUDA_ATT_CLUSTER_CTX", "8")
-                    } else {
-                        ("KILN_CUDA_ATT_CLUSTER", "0")
-                    };
-                    std::env::remove_var("KILN_CUDA_ATT_CLUSTER");
-                    std::env::remove_var("KILN_CUDA_ATT_CLUSTER_CTX");
-                    std::env::set_var(var, v);
-                },
+                |_, on| att_switch("KILN_CUDA_ATT_CLUSTER", on),
             )
         },
     );
@@ -1152,17 +1150,13 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
 
 /// A Llama-3.2-1B-shaped GGUF (random weights of `ty`), built in memory.
 fn synth_llama(ty: GgmlType, layers: usize) -> Result<Model, String> {
-    synth_llama_hd(ty, layers, 64)
+    synth_llama_hd(ty, layers, 64, None)
 }
 
 /// `synth_llama`, or with `hd` 128 a narrower Llama of the 8B's heads
-/// (head dim 128, GQA 4: the decode attention's cluster kernels).
-fn synth_llama_hd(ty: GgmlType, layers: usize, hd: usize) -> Result<Model, String> {
-    synth_llama_shape(ty, layers, hd, None)
-}
-
-/// [`synth_llama_hd`] with `heads` (query, KV) instead of the shape's own.
-fn synth_llama_shape(
+/// (head dim 128, GQA 4: the decode attention's cluster kernels); `heads`
+/// (query, KV) instead of the shape's own.
+fn synth_llama_hd(
     ty: GgmlType,
     layers: usize,
     hd: usize,

@@ -802,8 +802,10 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
 // rows group times: at long contexts those loads and their round trips are
 // the kernel's time). A larger group splits evenly over ceil(group / G)
 // blocks; a block of fewer heads than G computes copies of its last (never
-// stored). Each head's arithmetic is the one-head kernel's in the same
-// order, so G changes no bit. backend.rs att_head_blocks must agree.
+// stored). Each head's steps and merges are the one-head kernel's, but G = 4
+// blocks have 16 warps, which split a slice's positions differently from 4
+// or 8: logits round apart (cuda_check's grouped rows). backend.rs
+// att_head_blocks must agree.
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,

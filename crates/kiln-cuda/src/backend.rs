@@ -381,6 +381,8 @@ impl FlashCall {
 
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
+/// Most that `$KILN_CUDA_ATT_SPLIT` may ask for: what att_merge takes.
+const ATT_SPLIT_FORCED_MAX: usize = 32;
 /// Decode steps whose positions are all below this merge split attention
 /// slices inside a cluster (head dims 65-128); later ones through global
 /// memory (the same arithmetic: logits do not change). 8B Q4_0: the
@@ -1702,8 +1704,7 @@ impl CudaBackend {
             0
         };
         // `$KILN_CUDA_ATT_SPLIT=S` splits every decode attention into up to
-        // S slices of one position or more (tests of the merge; up to 32,
-        // what att_merge takes).
+        // S slices of one position or more (tests of the merge).
         let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -1714,7 +1715,14 @@ impl CudaBackend {
         };
         let att_split = forced
             .unwrap_or_else(|| layout.max_ctx.div_ceil(ATT_SLICE_MIN))
-            .clamp(1, if forced.is_some() { 32 } else { ATT_SPLIT_MAX })
+            .clamp(
+                1,
+                if forced.is_some() {
+                    ATT_SPLIT_FORCED_MAX
+                } else {
+                    ATT_SPLIT_MAX
+                },
+            )
             .next_power_of_two();
         let split_pairs = b.min(att_split_tokens) * d.n_heads;
         let att_part_floats = if att_split > 1 {
@@ -3227,7 +3235,7 @@ impl CudaBackend {
                 let att_dec = match (grouped, fused) {
                     (true, true) => self.k.attention_grouped_fused[dpl],
                     (true, false) => self.k.attention_grouped[dpl],
-                    (false, true) => self.k.attention_fused[d.head_dim / 128],
+                    (false, true) => self.k.attention_fused[dpl],
                     (false, false) => self.k.attention[dpl],
                 };
                 let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
@@ -3315,7 +3323,7 @@ impl CudaBackend {
                     };
                     let f = match (l2w, grouped) {
                         (true, true) => self.k.attention_grouped_l2w[dpl],
-                        (true, false) => self.k.attention_l2w[d.head_dim / 128],
+                        (true, false) => self.k.attention_l2w[dpl],
                         _ => att_f,
                     };
                     self.gpu.launch(
