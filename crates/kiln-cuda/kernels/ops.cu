@@ -576,48 +576,16 @@ __device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float
     }
 }
 
-// warp_sum of each of s[0 .. G-1] (G = 1 or 4), every lane getting every
-// sum. G = 4 halves the shuffles: the first two xor steps trade the halves
-// a lane does not keep (lanes 0-7 end with head 0's sum, 8-15 head 1's, ...),
-// then one sum's butterfly, then four broadcasts. Each sum is the same
-// additions in the same order as warp_sum's (a + b == b + a), so the same
-// bits.
-template <int G>
-__device__ __forceinline__ void warp_sums(float* s, int lane) {
-    static_assert(G == 1 || G == 4, "warp_sums: 1 or 4 values");
-    if (G == 1) {
-        s[0] = warp_sum(s[0]);
-        return;
-    }
-    bool hi16 = lane & 16, hi8 = lane & 8;
-    float k0 = hi16 ? s[2] : s[0], k1 = hi16 ? s[3] : s[1];
-    float a0 = hi16 ? s[0] : s[2], a1 = hi16 ? s[1] : s[3];
-    k0 += __shfl_xor_sync(0xffffffffu, a0, 16);
-    k1 += __shfl_xor_sync(0xffffffffu, a1, 16);
-    float k = hi8 ? k1 : k0;
-    k += __shfl_xor_sync(0xffffffffu, hi8 ? k0 : k1, 8);
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
-#pragma unroll
-    for (int g = 0; g < G; g++) s[g] = __shfl_sync(0xffffffffu, k, 8 * g);
-}
-
 // One position into a warp's online softmax for G query heads sharing the
-// K / V row: scores, running maxima and sums, accumulated e * V (K and V as
-// float or raw cache elements, kv_f). Each head's arithmetic is the one-head
-// step's in the same order; the G warp sums are interleaved (independent
-// shuffle chains). The fused multiply-adds are spelled out: left to the
-// compiler, kernels of different G contracted `acc * corr + e * v` on
+// K / V row (lane l: dims l, l + 32, ...): scores, running maxima and sums,
+// accumulated e * V (K and V as float or raw cache elements, kv_f). The
+// decode kernels take one head a warp (the grouped ones walk with split
+// lanes, att_step_split). The fused multiply-adds are spelled out: left to
+// the compiler, kernels of different G contracted `acc * corr + e * v` on
 // different sides (logits 3e-6 apart, more with an f16 cache).
 template <int DPL, int G, typename T>
 __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, const T* vv, int hd, int lane,
                                          float scale, float softcap, float* m, float* l, float (*acc)[DPL]) {
-    // Grouped, each K / V element converted once for the G heads (else
-    // each use converted again: 242 conversions in attention_fg4_h's SASS
-    // against 82). One head keeps its code as it was (converting at use).
-    float kf[DPL], vf[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) kf[i] = G > 1 ? kv_f(kv[i]) : 0.0f;
     float s[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -625,12 +593,11 @@ __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, co
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) s[g] = __fmaf_rn(qv[g][i], G > 1 ? kf[i] : kv_f(kv[i]), s[g]);
+            if (d < hd) s[g] = __fmaf_rn(qv[g][i], kv_f(kv[i]), s[g]);
         }
     }
-    warp_sums<G>(s, lane);
 #pragma unroll
-    for (int i = 0; i < DPL; i++) vf[i] = G > 1 ? kv_f(vv[i]) : 0.0f;
+    for (int g = 0; g < G; g++) s[g] = warp_sum(s[g]);
 #pragma unroll
     for (int g = 0; g < G; g++) {
         float sg = s[g] * scale;
@@ -642,7 +609,7 @@ __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, co
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
-            acc[g][i] = __fmaf_rn(acc[g][i], corr, d < hd ? __fmul_rn(e, G > 1 ? vf[i] : kv_f(vv[i])) : 0.0f);
+            acc[g][i] = __fmaf_rn(acc[g][i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
         }
         m[g] = mn;
     }
@@ -789,6 +756,96 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
     cluster_sync_all();
 }
 
+// Grouped blocks (G = 4) walk their positions with the lanes split over the
+// heads: a head's dims over LPH = hd / 8 lanes (hd = 32 DPL: 8 lanes for
+// head dims up to 64, 16 up to 128), so a warp holds HP = 32 / LPH heads at
+// once and takes the block's four in G / HP passes over the same K / V
+// registers. A lane holds 8 dims of a head (two 16-byte words of a float
+// cache, one of f16), word n of lane j being elements E (LPH n + j) .. + E - 1
+// (E per word): the lanes of a head read contiguous bytes. A position's
+// scores then take log2(LPH) shuffles a pass (the passes independent) and a
+// lane computes one exp pair a pass, where a warp holding all four heads
+// (lane l: dims l, l + 32, ...) spent ten shuffles and four heads' exps in
+// series on every position (NOTES.md item 63). The backend takes these
+// kernels for head dims that 8 divides.
+template <int DPL, typename KV>
+struct SplitLanes {
+    static constexpr int LPH = 4 * DPL, HP = 32 / LPH, NP = 4 / HP;
+    static constexpr int E = 16 / (int)sizeof(KV), NV = 8 / E;
+    // The head dim of a lane's element i (0 .. 7).
+    static __device__ __forceinline__ int dim(int j, int i) { return E * (LPH * (i / E) + j) + i % E; }
+};
+// Registers a lane gives the K / V words of the positions it keeps in flight.
+#define ATT_SPLIT_REGS 64
+
+// A lane's words of one position's K and V rows (raw cache elements).
+template <typename KV>
+struct KvWords {
+    static constexpr int NV = 8 * (int)sizeof(KV) / 16;
+    uint4 k[NV], v[NV];
+};
+
+// Lane j's words of the K and V rows at `at`; zeros past hd.
+template <int DPL, typename KV>
+__device__ __forceinline__ void load_kv_words(const KV* kc, const KV* vc, u64 at, int j, int hd, KvWords<KV>& r) {
+    using SL = SplitLanes<DPL, KV>;
+#pragma unroll
+    for (int n = 0; n < SL::NV; n++) {
+        int d = SL::E * (SL::LPH * n + j);
+        r.k[n] = d < hd ? *(const uint4*)(kc + at + d) : make_uint4(0, 0, 0, 0);
+        r.v[n] = d < hd ? *(const uint4*)(vc + at + d) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Element i of a lane's words as a float (the last argument picks the
+// cache's element), converted where it is used so that registers hold the
+// raw words (half as many with an f16 cache).
+template <int NV>
+__device__ __forceinline__ float word_at(const uint4 (&w)[NV], int i, const float*) {
+    const uint4& x = w[i >> 2];
+    u32 b = (i & 3) == 0 ? x.x : (i & 3) == 1 ? x.y : (i & 3) == 2 ? x.z : x.w;
+    return __uint_as_float(b);
+}
+template <int NV>
+__device__ __forceinline__ float word_at(const uint4 (&w)[NV], int i, const u16*) {
+    const uint4& x = w[i >> 3];
+    int k = (i >> 1) & 3;
+    u32 b = k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
+    return h2f((u16)((i & 1) ? b >> 16 : b & 0xffffu));
+}
+
+// One position into a lane's NP online softmaxes (one head a pass; q: the
+// lane's 8 dims of each; K, V through k_at / v_at): each score summed over
+// the head's LPH lanes, the passes' chains interleaved.
+template <int LPH, int NP, typename KAt, typename VAt>
+__device__ __forceinline__ void att_step_split(const float (*qf)[8], KAt k_at, VAt v_at, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8]) {
+    float s[NP];
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float s2[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 8; i++) s2[i & 1] = __fmaf_rn(qf[k][i], k_at(i), s2[i & 1]);
+        s[k] = s2[0] + s2[1];
+    }
+#pragma unroll
+    for (int o = 1; o < LPH; o <<= 1)
+#pragma unroll
+        for (int k = 0; k < NP; k++) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float sk = s[k] * scale;
+        if (softcap > 0.0f) sk = tanhf(sk / softcap) * softcap;
+        float mn = fmaxf(m[k], sk);
+        float corr = __expf(m[k] - mn);
+        float e = __expf(sk - mn);
+        l[k] = __fmaf_rn(l[k], corr, e);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[k][i] = __fmaf_rn(acc[k][i], corr, __fmul_rn(e, v_at(i)));
+        m[k] = mn;
+    }
+}
+
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
 // done here instead. q is then the raw QKV row; every block applies the
 // norm and RoPE to its query heads, the block holding the token's own
@@ -802,9 +859,9 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
 // rows group times: at long contexts those loads and their round trips are
 // the kernel's time). A larger group splits evenly over ceil(group / G)
 // blocks; a block of fewer heads than G computes copies of its last (never
-// stored). Each head's steps and merges are the one-head kernel's, but G = 4
-// blocks have 16 warps, which split a slice's positions differently from 4
-// or 8: logits round apart (cuda_check's grouped rows). backend.rs
+// stored). G = 4 blocks walk with split lanes (SplitLanes, 16 warps) and
+// then merge as the one-head kernel does; their sums run in another order,
+// so logits round apart (cuda_check's grouped rows). backend.rs
 // att_head_blocks must agree.
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
@@ -854,102 +911,213 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         start = s0;
     }
     const u32* table = tables + (u64)rowidx[t] * tstride;
-    // Before waiting for the kernels before this one: the step's metadata
-    // and block tables come from the host, and the cache rows of positions
-    // no token of this step writes (this step's tokens of a sequence are
-    // its last n at most) were written by finished steps. So the warp's
-    // first position's K and V are loaded while qkv_post still runs.
-    // Its first PRE positions, in fact (a 16-slice split of a few hundred
-    // positions gives each warp one or two); the loop then keeps PRE
-    // loads in flight (below).
-    constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
-    int p0 = start + warp;
-    bool pre[PRE];
-    KV k0[PRE][DPL], v0[PRE][DPL];
-#pragma unroll
-    for (int j = 0; j < PRE; j++) {
-        int p = p0 + j * W;
-        pre[j] = p < end && p + ntok <= (int)pos;
-        if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
-    }
-    HeadTables<DPL> ht;
-    if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
-    if (L2W) l2_ahead(L2A_ARGS);
-    PDL_ENTRY();
-    float qv[G][DPL], acc[G][DPL], m[G], l[G];
-    att_heads_init<G, DPL>([&](int g) { return q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd; }, hd, lane,
-                           qv, acc, m, l);
-    // FUSED: the token's own position (the last of the range, so the last
-    // of its warp's) is taken after the loop, from the QKV row, whose K and
-    // V are loaded here with q (one round trip for both).
-    bool own = FUSED && end == (int)pos + 1;
-    bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
-    float okv[DPL], ovv[DPL];
-    if (own_warp) {
-        const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            okv[i] = d < hd ? kr[d] : 0.0f;
-            ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
-        }
-    }
-    if (FUSED) {
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            head_post<DPL>(qv[g], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
-    }
-    int lend = own ? end - 1 : end;
-    // The warp's positions in order, slot j holding every PRE-th: each slot
-    // is refilled with the position PRE on as soon as it is used, so PRE
-    // round trips overlap instead of one per position in series (V loaded
-    // with K). Slots not filled before the wait (positions this step
-    // writes, with several tokens of a sequence) are filled now.
-#pragma unroll
-    for (int j = 0; j < PRE; j++) {
-        int p = p0 + j * W;
-        if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
-    }
-    for (int b = p0; b < lend; b += PRE * W) {
+    if constexpr (G > 1) {
+        // The split-lane walk (att_step_split); as the one-head walk below
+        // otherwise: its first positions loaded before the PDL wait, PRE in
+        // flight, the token's own position last.
+        using SL = SplitLanes<DPL, KV>;
+        constexpr int LPH = SL::LPH, HP = SL::HP, NP = SL::NP;
+        constexpr int PRE = ATT_SPLIT_REGS / (8 * (int)sizeof(KV) / 2);
+        static_assert(G == 4 && HP * NP == G, "split lanes: four heads");
+        __shared__ float sq[G][DPL * 32], sown[2][DPL * 32];
+        int hs = lane / LPH, jl = lane % LPH;
+        int p0 = start + warp;
+        bool pre[PRE];
+        KvWords<KV> r[PRE];
+        auto row_at = [&](int p) { return kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd; };
 #pragma unroll
         for (int j = 0; j < PRE; j++) {
-            int p = b + j * W;
-            if (p < lend) {
-                att_step<DPL, G>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
-                int pn = p + PRE * W;
-                if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
-            }
+            int p = p0 + j * W;
+            pre[j] = p < end && p + ntok <= (int)pos;
+            if (pre[j]) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
         }
-    }
-    if (own_warp) {
-        head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
-        // As the cache holds them: what the unfused path reads back.
+        HeadTables<DPL> ht;
+        if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
+        if (L2W) l2_ahead(L2A_ARGS);
+        PDL_ENTRY();
+        // Warp w < G: head slot w's query row, after qkv_post's work, for
+        // the lanes that take it through sq.
+        if (warp < G) {
+            float qv[1][DPL], a0[1][DPL], m0[1], l0[1];
+            att_heads_init<1, DPL>(
+                [&](int) { return q + (u64)t * qstride + (u64)(h0 + min(warp, gn - 1)) * hd; }, hd, lane, qv, a0,
+                m0, l0);
+            if (FUSED) head_post<DPL>(qv[0], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            okv[i] = kv_round<KV>(okv[i]);
-            ovv[i] = kv_round<KV>(ovv[i]);
+            for (int i = 0; i < DPL; i++) sq[warp][lane + 32 * i] = qv[0][i];
         }
-        if (sub == 0) {
-            u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
+        // The own warp: the token's K (after qkv_post's work) and V as the
+        // cache holds them, into the cache and for every lane through sown.
+        bool own = FUSED && end == (int)pos + 1;
+        bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
+        if (own_warp) {
+            const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+            float okv[DPL], ovv[DPL];
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 int d = lane + 32 * i;
-                if (d < hd) {
+                okv[i] = d < hd ? kr[d] : 0.0f;
+                ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
+            }
+            head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+            u64 at = row_at((int)pos);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                okv[i] = kv_round<KV>(okv[i]);
+                ovv[i] = kv_round<KV>(ovv[i]);
+                if (sub == 0 && d < hd) {
                     kv_st((KV*)kc + at + d, okv[i]);
                     kv_st((KV*)vc + at + d, ovv[i]);
                 }
+                sown[0][d] = okv[i];
+                sown[1][d] = ovv[i];
             }
         }
-        att_step<DPL, G>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
-    }
+        __syncthreads();
+        float qf[NP][8], acc[NP][8], m[NP], l[NP];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        if (lane == 0) {
-            sm[g][warp] = m[g];
-            sl[g][warp] = l[g];
+        for (int k = 0; k < NP; k++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                qf[k][i] = sq[k * HP + hs][SL::dim(jl, i)];
+                acc[k][i] = 0.0f;
+            }
+            m[k] = -INFINITY;
+            l[k] = 0.0f;
+        }
+        int lend = own ? end - 1 : end;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            if (!pre[j] && p < lend) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
+        }
+        for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+            for (int j = 0; j < PRE; j++) {
+                int p = b + j * W;
+                if (p < lend) {
+                    const KvWords<KV>& c = r[j];
+                    att_step_split<LPH, NP>(
+                        qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
+                        [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+                    int pn = p + PRE * W;
+                    if (pn < lend) load_kv_words<DPL>(kc, vc, row_at(pn), jl, hd, r[j]);
+                }
+            }
+        }
+        if (own_warp)
+            att_step_split<LPH, NP>(
+                qf, [&](int i) { return sown[0][SL::dim(jl, i)]; }, [&](int i) { return sown[1][SL::dim(jl, i)]; },
+                scale, softcap, m, l, acc);
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int g = k * HP + hs;
+            if (jl == 0) {
+                sm[g][warp] = m[k];
+                sl[g][warp] = l[k];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) sacc[g][warp][SL::dim(jl, i)] = acc[k][i];
+        }
+    } else {
+        // Before waiting for the kernels before this one: the step's metadata
+        // and block tables come from the host, and the cache rows of positions
+        // no token of this step writes (this step's tokens of a sequence are
+        // its last n at most) were written by finished steps. So the warp's
+        // first position's K and V are loaded while qkv_post still runs.
+        // Its first PRE positions, in fact (a 16-slice split of a few hundred
+        // positions gives each warp one or two); the loop then keeps PRE
+        // loads in flight (below).
+        constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
+        int p0 = start + warp;
+        bool pre[PRE];
+        KV k0[PRE][DPL], v0[PRE][DPL];
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            pre[j] = p < end && p + ntok <= (int)pos;
+            if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+        }
+        HeadTables<DPL> ht;
+        if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
+        if (L2W) l2_ahead(L2A_ARGS);
+        PDL_ENTRY();
+        float qv[G][DPL], acc[G][DPL], m[G], l[G];
+        att_heads_init<G, DPL>([&](int g) { return q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd; }, hd, lane,
+                               qv, acc, m, l);
+        // FUSED: the token's own position (the last of the range, so the last
+        // of its warp's) is taken after the loop, from the QKV row, whose K and
+        // V are loaded here with q (one round trip for both).
+        bool own = FUSED && end == (int)pos + 1;
+        bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
+        float okv[DPL], ovv[DPL];
+        if (own_warp) {
+            const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                okv[i] = d < hd ? kr[d] : 0.0f;
+                ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
+            }
+        }
+        if (FUSED) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                head_post<DPL>(qv[g], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+        }
+        int lend = own ? end - 1 : end;
+        // The warp's positions in order, slot j holding every PRE-th: each slot
+        // is refilled with the position PRE on as soon as it is used, so PRE
+        // round trips overlap instead of one per position in series (V loaded
+        // with K). Slots not filled before the wait (positions this step
+        // writes, with several tokens of a sequence) are filled now.
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+        }
+        for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+            for (int j = 0; j < PRE; j++) {
+                int p = b + j * W;
+                if (p < lend) {
+                    att_step<DPL, G>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                    int pn = p + PRE * W;
+                    if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                }
+            }
+        }
+        if (own_warp) {
+            head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+            // As the cache holds them: what the unfused path reads back.
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                okv[i] = kv_round<KV>(okv[i]);
+                ovv[i] = kv_round<KV>(ovv[i]);
+            }
+            if (sub == 0) {
+                u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hd) {
+                        kv_st((KV*)kc + at + d, okv[i]);
+                        kv_st((KV*)vc + at + d, ovv[i]);
+                    }
+                }
+            }
+            att_step<DPL, G>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
         }
 #pragma unroll
-        for (int i = 0; i < DPL; i++) sacc[g][warp][lane + 32 * i] = acc[g][i];
+        for (int g = 0; g < G; g++) {
+            if (lane == 0) {
+                sm[g][warp] = m[g];
+                sl[g][warp] = l[g];
+            }
+#pragma unroll
+            for (int i = 0; i < DPL; i++) sacc[g][warp][lane + 32 * i] = acc[g][i];
+        }
     }
     __syncthreads();
     float* ob = out + (u64)t * ostride;

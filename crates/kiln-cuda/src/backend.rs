@@ -390,14 +390,14 @@ const ATT_SPLIT_FORCED_MAX: usize = 32;
 /// 1,024-1,280, 21% at 8,192-8,448 (NOTES.md item 60).
 const ATT_CLUSTER_CTX: usize = 256;
 /// Decode steps reaching this position or further take the grouped decode
-/// attention (four query heads a block, [`AttReach::Long`]) for head dims up
-/// to 64, and [`ATT_GROUP_CTX_128`] for 65-128. Below, it loses to a block
-/// per head: with 16 warps and 128 registers a block fills an SM, which then
-/// takes none of the next GEMV's blocks early (8B Q4_0 at positions 16-272:
-/// 474 -> 398 tok/s); from ~1,000 positions its shared loads win (8,192:
-/// 238 -> 321). NOTES.md item 62.
-const ATT_GROUP_CTX_64: usize = 512;
-const ATT_GROUP_CTX_128: usize = 1024;
+/// attention (four query heads a block, [`AttReach::Long`]), head dims up to
+/// 128. Below, it loses to a block per head: with 16 warps and 128 registers
+/// a block fills an SM, which then takes none of the next GEMV's blocks
+/// early (always grouped, positions 16-272: 8B Q4_0 475 -> 466 tok/s, 1B
+/// bf16 932 -> 915). Past it, its shared loads and split-lane walk win (8B
+/// Q4_0 at 512-768: 443 -> 460, 8B bf16 179 -> 181; 1B bf16 at 256-512
+/// neutral, at 128-384 -1%). NOTES.md items 62-63.
+const ATT_GROUP_CTX: usize = 512;
 
 /// How a decode step's attention is laid out, by how far its positions
 /// reach; graphs are keyed by it.
@@ -1843,8 +1843,12 @@ impl CudaBackend {
         let group_ctx_env = std::env::var("KILN_CUDA_ATT_GROUP_CTX")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok());
+        // The grouped kernels give a lane whole 16-byte words of 8 dims
+        // (ops.cu SplitLanes): head dims that 8 divides.
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let att_group_ctx = match group_ctx_env {
             _ if d.head_dim > 128
+                || d.head_dim % 8 != 0
                 || opts.invariant
                 || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
             {
@@ -1852,8 +1856,7 @@ impl CudaBackend {
             }
             Some(c) => c,
             None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
-            None if d.head_dim <= 64 => ATT_GROUP_CTX_64,
-            None => ATT_GROUP_CTX_128,
+            None => ATT_GROUP_CTX,
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
