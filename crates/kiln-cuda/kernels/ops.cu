@@ -576,6 +576,20 @@ __device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float
     }
 }
 
+// A head's score for one position into its online softmax: the running
+// maximum m and sum l updated; corr rescales what was accumulated, e weighs
+// the position.
+__device__ __forceinline__ void att_online(float s, float scale, float softcap, float& m, float& l, float& corr,
+                                           float& e) {
+    s *= scale;
+    if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+    float mn = fmaxf(m, s);
+    corr = __expf(m - mn);
+    e = __expf(s - mn);
+    l = __fmaf_rn(l, corr, e);
+    m = mn;
+}
+
 // One position into a warp's online softmax for G query heads sharing the
 // K / V row (lane l: dims l, l + 32, ...): scores, running maxima and sums,
 // accumulated e * V (K and V as float or raw cache elements, kv_f). The
@@ -600,18 +614,13 @@ __device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, co
     for (int g = 0; g < G; g++) s[g] = warp_sum(s[g]);
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        float sg = s[g] * scale;
-        if (softcap > 0.0f) sg = tanhf(sg / softcap) * softcap;
-        float mn = fmaxf(m[g], sg);
-        float corr = __expf(m[g] - mn);
-        float e = __expf(sg - mn);
-        l[g] = __fmaf_rn(l[g], corr, e);
+        float corr, e;
+        att_online(s[g], scale, softcap, m[g], l[g], corr, e);
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             int d = lane + 32 * i;
             acc[g][i] = __fmaf_rn(acc[g][i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
         }
-        m[g] = mn;
     }
 }
 
@@ -834,15 +843,10 @@ __device__ __forceinline__ void att_step_split(const float (*qf)[8], KAt k_at, V
         for (int k = 0; k < NP; k++) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
 #pragma unroll
     for (int k = 0; k < NP; k++) {
-        float sk = s[k] * scale;
-        if (softcap > 0.0f) sk = tanhf(sk / softcap) * softcap;
-        float mn = fmaxf(m[k], sk);
-        float corr = __expf(m[k] - mn);
-        float e = __expf(sk - mn);
-        l[k] = __fmaf_rn(l[k], corr, e);
+        float corr, e;
+        att_online(s[k], scale, softcap, m[k], l[k], corr, e);
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[k][i] = __fmaf_rn(acc[k][i], corr, __fmul_rn(e, v_at(i)));
-        m[k] = mn;
     }
 }
 
@@ -1293,15 +1297,10 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            float sg = s[g] * scale;
-            if (softcap > 0.0f) sg = tanhf(sg / softcap) * softcap;
-            float mn = fmaxf(m[g], sg);
-            float corr = __expf(m[g] - mn);
-            float e = __expf(sg - mn);
-            l[g] = l[g] * corr + e;
+            float corr, e;
+            att_online(s[g], scale, softcap, m[g], l[g], corr, e);
 #pragma unroll
             for (int i = 0; i < ATT_DPL; i++) acc[g][i] = acc[g][i] * corr + e * vx[i];
-            m[g] = mn;
         }
     }
 #pragma unroll
