@@ -398,6 +398,12 @@ const ATT_CLUSTER_CTX: usize = 256;
 /// Q4_0 at 512-768: 443 -> 460, 8B bf16 179 -> 181; 1B bf16 at 256-512
 /// neutral, at 128-384 -1%). NOTES.md items 62-63.
 const ATT_GROUP_CTX: usize = 512;
+/// The bound where no layer's O projection reads float weights, for head
+/// dims up to 64 and up to 128: there the grouped kernels pay from fewer
+/// positions (1B Q4_0 at 128-384: 1,794 -> 1,837 tok/s; tg256 from an empty
+/// cache, Q4_0 / Q4_K_M / Q8_0 +0.6 / +0.4 / +1.3%; 8B Q4_0 at 256-512: 455
+/// -> 459).
+const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
 
 /// How a decode step's attention is laid out, by how far its positions
 /// reach; graphs are keyed by it.
@@ -1852,11 +1858,12 @@ impl CudaBackend {
                 || opts.invariant
                 || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
             {
-                usize::MAX
+                Some(usize::MAX)
             }
-            Some(c) => c,
-            None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
-            None => ATT_GROUP_CTX,
+            Some(c) => Some(c),
+            None if d.n_heads / d.n_kv_heads.max(1) < 3 => Some(usize::MAX),
+            // Set once the layers are loaded (ATT_GROUP_CTX_Q8).
+            None => None,
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
@@ -2021,6 +2028,13 @@ impl CudaBackend {
             deq_elems,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
+        let att_group_ctx = att_group_ctx.unwrap_or_else(|| {
+            if layers.iter().any(|l| l.o.is_float()) {
+                ATT_GROUP_CTX
+            } else {
+                ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)]
+            }
+        });
         let mut be = CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
