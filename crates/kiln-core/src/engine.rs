@@ -564,57 +564,63 @@ impl<B: Backend> Engine<B> {
         // Steps queued on the backend (pipelined): 1 when the step feeding
         // `next` is already queued.
         let mut queued = 0usize;
-        let finish = loop {
-            if !ignore_eos && is_stop(next) {
-                break FinishReason::Stop;
-            }
-            out.push(next);
-            history.push(next);
-            if on_token(next) == Control::Stop {
-                break FinishReason::Cancelled;
-            }
-            if out.len() >= max_tokens {
-                break FinishReason::Length;
-            }
-            if queued == 0 && self.kv.len(slot) + 1 > self.ctx() {
-                break FinishReason::Context;
-            }
-            if pipelined {
-                // Queue the step feeding `next` (unless a speculative one
-                // already does), then, where another token may follow, the
-                // step after it fed with the id the first samples on the
-                // device; then wait for the first's id only.
-                if queued == 0 {
-                    let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
-                    self.enqueue_decode(slot, Some(next), s)?;
-                    queued = 1;
+        let mut run = || -> Result<FinishReason> {
+            Ok(loop {
+                if !ignore_eos && is_stop(next) {
+                    break FinishReason::Stop;
                 }
-                if out.len() + 1 < max_tokens && self.kv.len(slot) < self.ctx() {
-                    let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
-                    self.enqueue_decode(slot, None, s)?;
-                    queued += 1;
+                out.push(next);
+                history.push(next);
+                if on_token(next) == Control::Stop {
+                    break FinishReason::Cancelled;
                 }
-                let mut id = [0u32];
-                self.backend.wait_sampled(&mut id)?;
-                queued -= 1;
-                next = id[0];
-                continue;
-            }
-            let dev = if on_device {
-                sampler.device_step()
-            } else {
-                None
-            };
-            next = match dev {
-                Some(s) => self.decode_sampled(slot, next, s)?,
-                None => {
-                    let logits = self.decode(slot, next)?;
-                    sampler.sample(logits, &history)
+                if out.len() >= max_tokens {
+                    break FinishReason::Length;
                 }
-            };
+                if queued == 0 && self.kv.len(slot) + 1 > self.ctx() {
+                    break FinishReason::Context;
+                }
+                if pipelined {
+                    // Queue the step feeding `next` (unless a speculative one
+                    // already does), then, where another token may follow, the
+                    // step after it fed with the id the first samples on the
+                    // device; then wait for the first's id only.
+                    if queued == 0 {
+                        let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
+                        self.enqueue_decode(slot, Some(next), s)?;
+                        queued = 1;
+                    }
+                    if out.len() + 1 < max_tokens && self.kv.len(slot) < self.ctx() {
+                        let s = sampler.device_step().unwrap_or(GREEDY_DEVICE);
+                        self.enqueue_decode(slot, None, s)?;
+                        queued += 1;
+                    }
+                    let mut id = [0u32];
+                    self.backend.wait_sampled(&mut id)?;
+                    queued -= 1;
+                    next = id[0];
+                    continue;
+                }
+                let dev = if on_device {
+                    sampler.device_step()
+                } else {
+                    None
+                };
+                next = match dev {
+                    Some(s) => self.decode_sampled(slot, next, s)?,
+                    None => {
+                        let logits = self.decode(slot, next)?;
+                        sampler.sample(logits, &history)
+                    }
+                };
+            })
         };
-        // A speculative step fed the token that ended the run: drop its id
-        // and its KV position, leaving what the plain loop leaves.
+        let finish = run();
+        // Steps still queued come back with their ids dropped and their KV
+        // positions taken back, leaving what the plain loop leaves: a
+        // speculative one fed the token that ended the run, or, after an
+        // error, the ones queued before it (else the next call would read
+        // their ids as its own).
         while queued > 0 {
             let mut id = [0u32];
             self.backend.wait_sampled(&mut id)?;
@@ -622,6 +628,7 @@ impl<B: Backend> Engine<B> {
             let len = self.kv.len(slot);
             self.kv.truncate(slot, len - 1);
         }
+        let finish = finish?;
         Ok(Generation {
             timings: Timings {
                 prompt_tokens: prompt.len(),
@@ -649,6 +656,8 @@ mod tests {
         batches: Vec<Seen>,
         /// Ids of queued steps, oldest first (pipelining on when Some).
         queued: Option<std::collections::VecDeque<u32>>,
+        /// Enqueues that succeed before one fails (then none fails again).
+        fail_enqueue: Option<usize>,
     }
 
     impl Backend for Echo {
@@ -710,6 +719,12 @@ mod tests {
             params: &[DeviceSampling],
             chain: bool,
         ) -> Result<()> {
+            if let Some(n) = self.fail_enqueue {
+                self.fail_enqueue = n.checked_sub(1);
+                if n == 0 {
+                    return Err(EngineError::Input("enqueue failed".into()));
+                }
+            }
             let q = self.queued.take().expect("pipelining on");
             assert!(q.len() < 2, "at most two steps queued");
             let fed = [match (chain, q.back()) {
@@ -743,6 +758,7 @@ mod tests {
             desc,
             batches: Vec::new(),
             queued: None,
+            fail_enqueue: None,
         };
         Engine::with_logit_rows(echo, layout, logit_rows)
     }
@@ -856,6 +872,32 @@ mod tests {
             assert!(e.decode_chain(0, 1, 100, greedy).is_err());
             assert!(e.backend.queued.as_ref().is_none_or(|q| q.is_empty()));
         }
+    }
+
+    #[test]
+    fn generate_leaves_nothing_queued_after_an_error() {
+        let run = |e: &mut Engine<Echo>, slot| {
+            let mut s = Sampler::new(crate::sampler::SamplerParams::greedy(), 10);
+            e.generate(slot, &[3], &mut s, 4, true, &|_| false, &mut |_| {
+                Control::Continue
+            })
+        };
+        let pipelined = || {
+            let mut e = engine(1);
+            e.backend.queued = Some(Default::default());
+            e
+        };
+        let want = run(&mut pipelined(), 1).unwrap().tokens;
+        assert_eq!(want, [0, 1, 3, 6]);
+        // The speculative (second) enqueue fails with the first step queued:
+        // its id comes back dropped and its KV position is taken back, so
+        // the next run reads only its own ids.
+        let mut e = pipelined();
+        e.backend.fail_enqueue = Some(1);
+        assert!(run(&mut e, 0).is_err());
+        assert!(e.backend.queued.as_ref().is_some_and(|q| q.is_empty()));
+        assert_eq!(e.seq_len(0), 1);
+        assert_eq!(run(&mut e, 1).unwrap().tokens, want);
     }
 
     #[test]
