@@ -964,10 +964,10 @@ fn grouped_check(
         Ok((out, e.vocab_size()))
     };
     let kv = if f16_kv { ", f16 KV" } else { "" };
-    let tol = match (!ty.is_quantized(), f16_kv) {
-        (false, _) => 3e-2,
-        (true, true) => 1e-3,
-        (true, false) => 1e-4,
+    let tol = match (ty.is_quantized(), f16_kv) {
+        (true, _) => 3e-2,
+        (false, true) => 1e-3,
+        (false, false) => 1e-4,
     };
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");

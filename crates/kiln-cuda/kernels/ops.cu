@@ -556,21 +556,28 @@ __device__ __forceinline__ void head_post(float* v, bool norm, const float* w, f
     }
 }
 
-// The query rows of G heads (row_of(g): the g-th head's) into registers as
-// attention holds a head (lane l: dims l, l + 32, ...), and each head's
-// online softmax state cleared.
+// A head's row at p (a query row, or the token's own K or V in its QKV
+// row) into registers as attention holds a head (lane l: dims l, l + 32,
+// ...), zeros past hd.
+template <int DPL>
+__device__ __forceinline__ void att_row(const float* p, int hd, int lane, float* v) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        v[i] = d < hd ? p[d] : 0.0f;
+    }
+}
+
+// The query rows of G heads (row_of(g): the g-th head's) into registers
+// (att_row), and each head's online softmax state cleared.
 template <int G, int DPL, typename R>
 __device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float (*qv)[DPL], float (*acc)[DPL],
                                                float* m, float* l) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        const float* qh = row_of(g);
+        att_row<DPL>(row_of(g), hd, lane, qv[g]);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            qv[g][i] = d < hd ? qh[d] : 0.0f;
-            acc[g][i] = 0.0f;
-        }
+        for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
@@ -590,37 +597,40 @@ __device__ __forceinline__ void att_online(float s, float scale, float softcap, 
     m = mn;
 }
 
-// One position into a warp's online softmax for G query heads sharing the
-// K / V row (lane l: dims l, l + 32, ...): scores, running maxima and sums,
-// accumulated e * V (K and V as float or raw cache elements, kv_f). The
-// decode kernels take one head a warp (the grouped ones walk with split
-// lanes, att_step_split). The fused multiply-adds are spelled out: left to
-// the compiler, kernels of different G contracted `acc * corr + e * v` on
-// different sides (logits 3e-6 apart, more with an f16 cache).
-template <int DPL, int G, typename T>
-__device__ __forceinline__ void att_step(const float (*qv)[DPL], const T* kv, const T* vv, int hd, int lane,
-                                         float scale, float softcap, float* m, float* l, float (*acc)[DPL]) {
-    float s[G];
+// One position into a warp's online softmax for its query head (lane l:
+// dims l, l + 32, ...): score, running maximum and sum, accumulated e * V
+// (K and V as float or raw cache elements, kv_f). The grouped decode
+// kernels walk with split lanes instead (att_step_split). The fused
+// multiply-adds are spelled out: left to the compiler, kernels of different
+// layouts contracted `acc * corr + e * v` on different sides (logits 3e-6
+// apart, more with an f16 cache).
+template <int DPL, typename T>
+__device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* vv, int hd, int lane, float scale,
+                                         float softcap, float& m, float& l, float* acc) {
+    float s = 0.0f;
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        s[g] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd) s[g] = __fmaf_rn(qv[g][i], kv_f(kv[i]), s[g]);
-        }
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) s = __fmaf_rn(qv[i], kv_f(kv[i]), s);
     }
+    float corr, e;
+    att_online(warp_sum(s), scale, softcap, m, l, corr, e);
 #pragma unroll
-    for (int g = 0; g < G; g++) s[g] = warp_sum(s[g]);
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        acc[i] = __fmaf_rn(acc[i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
+    }
+}
+
+// The token's own K and V (for KV head kh: kr its K in the QKV row, its V
+// kvd further) as attention holds a head.
+template <int DPL>
+__device__ __forceinline__ void att_own_rows(const float* kr, int kvd, int hd, int lane, float* okv, float* ovv) {
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        float corr, e;
-        att_online(s[g], scale, softcap, m[g], l[g], corr, e);
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int d = lane + 32 * i;
-            acc[g][i] = __fmaf_rn(acc[g][i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
-        }
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        okv[i] = d < hd ? kr[d] : 0.0f;
+        ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
     }
 }
 
@@ -942,13 +952,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         // Warp w < G: head slot w's query row, after qkv_post's work, for
         // the lanes that take it through sq.
         if (warp < G) {
-            float qv[1][DPL], a0[1][DPL], m0[1], l0[1];
-            att_heads_init<1, DPL>(
-                [&](int) { return q + (u64)t * qstride + (u64)(h0 + min(warp, gn - 1)) * hd; }, hd, lane, qv, a0,
-                m0, l0);
-            if (FUSED) head_post<DPL>(qv[0], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+            float qv[DPL];
+            att_row<DPL>(q + (u64)t * qstride + (u64)(h0 + min(warp, gn - 1)) * hd, hd, lane, qv);
+            if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) sq[warp][lane + 32 * i] = qv[0][i];
+            for (int i = 0; i < DPL; i++) sq[warp][lane + 32 * i] = qv[i];
         }
         // The own warp: the token's K (after qkv_post's work) and V as the
         // cache holds them, into the cache and for every lane through sown.
@@ -957,12 +965,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         if (own_warp) {
             const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
             float okv[DPL], ovv[DPL];
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                okv[i] = d < hd ? kr[d] : 0.0f;
-                ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
-            }
+            att_own_rows<DPL>(kr, kvd, hd, lane, okv, ovv);
             head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
             u64 at = row_at((int)pos);
 #pragma unroll
@@ -1047,9 +1050,10 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
         if (L2W) l2_ahead(L2A_ARGS);
         PDL_ENTRY();
-        float qv[G][DPL], acc[G][DPL], m[G], l[G];
-        att_heads_init<G, DPL>([&](int g) { return q + (u64)t * qstride + (u64)(h0 + min(g, gn - 1)) * hd; }, hd, lane,
-                               qv, acc, m, l);
+        float qv[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
+        att_row<DPL>(q + (u64)t * qstride + (u64)h0 * hd, hd, lane, qv);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
         // FUSED: the token's own position (the last of the range, so the last
         // of its warp's) is taken after the loop, from the QKV row, whose K and
         // V are loaded here with q (one round trip for both).
@@ -1058,18 +1062,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         float okv[DPL], ovv[DPL];
         if (own_warp) {
             const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int d = lane + 32 * i;
-                okv[i] = d < hd ? kr[d] : 0.0f;
-                ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
-            }
+            att_own_rows<DPL>(kr, kvd, hd, lane, okv, ovv);
         }
-        if (FUSED) {
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                head_post<DPL>(qv[g], qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
-        }
+        if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
         int lend = own ? end - 1 : end;
         // The warp's positions in order, slot j holding every PRE-th: each slot
         // is refilled with the position PRE on as soon as it is used, so PRE
@@ -1086,7 +1081,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             for (int j = 0; j < PRE; j++) {
                 int p = b + j * W;
                 if (p < lend) {
-                    att_step<DPL, G>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                    att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
                     int pn = p + PRE * W;
                     if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
                 }
@@ -1111,17 +1106,14 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                     }
                 }
             }
-            att_step<DPL, G>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
+            att_step<DPL>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
+        }
+        if (lane == 0) {
+            sm[0][warp] = m;
+            sl[0][warp] = l;
         }
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            if (lane == 0) {
-                sm[g][warp] = m[g];
-                sl[g][warp] = l[g];
-            }
-#pragma unroll
-            for (int i = 0; i < DPL; i++) sacc[g][warp][lane + 32 * i] = acc[g][i];
-        }
+        for (int i = 0; i < DPL; i++) sacc[0][warp][lane + 32 * i] = acc[i];
     }
     __syncthreads();
     float* ob = out + (u64)t * ostride;

@@ -1838,33 +1838,6 @@ impl CudaBackend {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(ATT_CLUSTER_CTX),
         };
-        // The grouped kernels exist for head dims up to 128; by default a
-        // group of two or one (half or more of a block's heads copies) does
-        // not take them. `$KILN_CUDA_ATT_GROUP=0` never,
-        // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
-        // the tiny fixtures' groups of 2 and 1 are checked so). Never with
-        // `invariant`: a step's reach is its furthest sequence's, and the
-        // grouped kernels round apart from the one-head ones, so a
-        // sequence's logits would depend on what shares its steps.
-        let group_ctx_env = std::env::var("KILN_CUDA_ATT_GROUP_CTX")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        // The grouped kernels give a lane whole 16-byte words of 8 dims
-        // (ops.cu SplitLanes): head dims that 8 divides.
-        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-        let att_group_ctx = match group_ctx_env {
-            _ if d.head_dim > 128
-                || d.head_dim % 8 != 0
-                || opts.invariant
-                || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
-            {
-                Some(usize::MAX)
-            }
-            Some(c) => Some(c),
-            None if d.n_heads / d.n_kv_heads.max(1) < 3 => Some(usize::MAX),
-            // Set once the layers are loaded (ATT_GROUP_CTX_Q8).
-            None => None,
-        };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
             k.mvqs.iter_mut().for_each(|f| *f = None);
@@ -2028,13 +2001,32 @@ impl CudaBackend {
             deq_elems,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
-        let att_group_ctx = att_group_ctx.unwrap_or_else(|| {
-            if layers.iter().any(|l| l.o.is_float()) {
-                ATT_GROUP_CTX
-            } else {
-                ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)]
+        // The grouped kernels exist for head dims up to 128 that 8 divides
+        // (a lane takes whole 16-byte words of 8 dims: ops.cu SplitLanes);
+        // by default a group of two or one (half or more of a block's heads
+        // copies) does not take them. `$KILN_CUDA_ATT_GROUP=0` never,
+        // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
+        // the tiny fixtures' groups of 2 and 1 are checked so). Never with
+        // `invariant`: a step's reach is its furthest sequence's, and the
+        // grouped kernels round apart from the one-head ones, so a
+        // sequence's logits would depend on what shares its steps.
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let att_group_ctx = match std::env::var("KILN_CUDA_ATT_GROUP_CTX")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            _ if d.head_dim > 128
+                || d.head_dim % 8 != 0
+                || opts.invariant
+                || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
+            {
+                usize::MAX
             }
-        });
+            Some(c) => c,
+            None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
+            None if layers.iter().any(|l| l.o.is_float()) => ATT_GROUP_CTX,
+            None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
+        };
         let mut be = CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
