@@ -804,15 +804,28 @@ struct KvWords {
     uint4 k[NV], v[NV];
 };
 
-// Lane j's words of the K and V rows at `at`; zeros past hd.
+// Word n of lane j's share of the K or V row at `at`; zeros past hd.
+template <int DPL, typename KV>
+__device__ __forceinline__ uint4 kv_word(const KV* c, u64 at, int j, int hd, int n) {
+    using SL = SplitLanes<DPL, KV>;
+    int d = SL::E * (SL::LPH * n + j);
+    return d < hd ? *(const uint4*)(c + at + d) : make_uint4(0, 0, 0, 0);
+}
+
+// Lane j's words of one K or V row at `at`.
+template <int DPL, typename KV, int NV>
+__device__ __forceinline__ void load_kv_half(const KV* c, u64 at, int j, int hd, uint4 (&w)[NV]) {
+#pragma unroll
+    for (int n = 0; n < NV; n++) w[n] = kv_word<DPL>(c, at, j, hd, n);
+}
+
+// Lane j's words of the K and V rows at `at`.
 template <int DPL, typename KV>
 __device__ __forceinline__ void load_kv_words(const KV* kc, const KV* vc, u64 at, int j, int hd, KvWords<KV>& r) {
-    using SL = SplitLanes<DPL, KV>;
 #pragma unroll
-    for (int n = 0; n < SL::NV; n++) {
-        int d = SL::E * (SL::LPH * n + j);
-        r.k[n] = d < hd ? *(const uint4*)(kc + at + d) : make_uint4(0, 0, 0, 0);
-        r.v[n] = d < hd ? *(const uint4*)(vc + at + d) : make_uint4(0, 0, 0, 0);
+    for (int n = 0; n < KvWords<KV>::NV; n++) {
+        r.k[n] = kv_word<DPL>(kc, at, j, hd, n);
+        r.v[n] = kv_word<DPL>(vc, at, j, hd, n);
     }
 }
 
@@ -858,6 +871,73 @@ __device__ __forceinline__ void att_step_split(const float (*qf)[8], KAt k_at, V
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[k][i] = __fmaf_rn(acc[k][i], corr, __fmul_rn(e, v_at(i)));
     }
+}
+
+// PRE positions at once into a lane's NP online softmaxes, as
+// att_step_split takes one (slot j: words r[j]; the first nv slots count,
+// the others' words reach nothing but selects). The PRE x NP scores' sums
+// and shuffles are independent chains, and the softmax rescales once a
+// tile: one correction exp a pass, then one fused multiply-add per position
+// and dim, where a position at a time paid an exp and a multiply per
+// position and dim, each waiting on the last. The slots' K words are
+// refilled (refill_k(j)) as soon as the scores are taken, their V words
+// (refill_v(j)) once accumulated. Head dims up to 64 only (NOTES.md item 64).
+template <int LPH, int NP, int PRE, typename KV, typename RK, typename RV>
+__device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>* r, int nv, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8], RK refill_k,
+                                               RV refill_v) {
+    float s[PRE][NP];
+#pragma unroll
+    for (int j = 0; j < PRE; j++)
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            float s2[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                s2[i & 1] = __fmaf_rn(qf[k][i], word_at(r[j].k, i, (const KV*)nullptr), s2[i & 1]);
+            s[j][k] = s2[0] + s2[1];
+        }
+#pragma unroll
+    for (int j = 0; j < PRE; j++) refill_k(j);
+#pragma unroll
+    for (int o = 1; o < LPH; o <<= 1)
+#pragma unroll
+        for (int j = 0; j < PRE; j++)
+#pragma unroll
+            for (int k = 0; k < NP; k++) s[j][k] += __shfl_xor_sync(0xffffffffu, s[j][k], o);
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float mt = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            float v = s[j][k] * scale;
+            if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+            s[j][k] = v;
+            mt = fmaxf(mt, j < nv ? v : -INFINITY);
+        }
+        float mn = fmaxf(m[k], mt);
+        float corr = __expf(m[k] - mn);
+        m[k] = mn;
+        float e[PRE], le = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            e[j] = j < nv ? __expf(s[j][k] - mn) : 0.0f;
+            le += e[j];
+        }
+        l[k] = __fmaf_rn(l[k], corr, le);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float a = acc[k][i] * corr;
+#pragma unroll
+            for (int j = 0; j < PRE; j++) {
+                float w = word_at(r[j].v, i, (const KV*)nullptr);
+                a = j < nv ? __fmaf_rn(e[j], w, a) : a;
+            }
+            acc[k][i] = a;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PRE; j++) refill_v(j);
 }
 
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
@@ -999,17 +1079,50 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             int p = p0 + j * W;
             if (!pre[j] && p < lend) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
         }
-        for (int b = p0; b < lend; b += PRE * W) {
+        if constexpr (DPL > 2) {
+            // Head dims past 64: a position at a time (tiles of 2 lost 3-4%
+            // at 512-1,024 positions, 8B; NOTES.md item 64).
+            for (int b = p0; b < lend; b += PRE * W) {
 #pragma unroll
-            for (int j = 0; j < PRE; j++) {
-                int p = b + j * W;
-                if (p < lend) {
-                    const KvWords<KV>& c = r[j];
-                    att_step_split<LPH, NP>(
-                        qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
-                        [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
-                    int pn = p + PRE * W;
-                    if (pn < lend) load_kv_words<DPL>(kc, vc, row_at(pn), jl, hd, r[j]);
+                for (int j = 0; j < PRE; j++) {
+                    int p = b + j * W;
+                    if (p < lend) {
+                        const KvWords<KV>& c = r[j];
+                        att_step_split<LPH, NP>(
+                            qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
+                            [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+                        int pn = p + PRE * W;
+                        if (pn < lend) load_kv_words<DPL>(kc, vc, row_at(pn), jl, hd, r[j]);
+                    }
+                }
+            }
+        } else {
+            // Tiles of T slots (att_tile_split).
+            constexpr int T = PRE < 4 ? PRE : 4;
+            for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+                for (int j0 = 0; j0 < PRE; j0 += T) {
+                    int nv = min(T, (lend - b - j0 * W + W - 1) / W);
+                    if (nv <= 0) continue;
+                    if (nv == 1) {
+                        // A warp's last position alone (short slices: often
+                        // its only one); nothing after it to load.
+                        const KvWords<KV>& c = r[j0];
+                        att_step_split<LPH, NP>(
+                            qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
+                            [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+                        continue;
+                    }
+                    att_tile_split<LPH, NP, T>(
+                        qf, r + j0, nv, scale, softcap, m, l, acc,
+                        [&](int j) {
+                            int pn = b + (j0 + j + PRE) * W;
+                            if (pn < lend) load_kv_half<DPL>(kc, row_at(pn), jl, hd, r[j0 + j].k);
+                        },
+                        [&](int j) {
+                            int pn = b + (j0 + j + PRE) * W;
+                            if (pn < lend) load_kv_half<DPL>(vc, row_at(pn), jl, hd, r[j0 + j].v);
+                        });
                 }
             }
         }
