@@ -25,7 +25,7 @@
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
-#   bash bench/cuda/next_check.sh kvlayout # KV cache layouts ($KV_VARIANTS binaries kiln_V / cc_V): fixtures, logits = main bit for bit
+#   bash bench/cuda/next_check.sh kvlayout # KV cache layouts ($KV_VARIANTS binaries kiln_V / cc_V built from local branch kv-layout, KV_LAYOUT 1-3): fixtures, logits = main bit for bit
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
