@@ -1080,7 +1080,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             if (!pre[j] && p < lend) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
         }
         if constexpr (DPL > 2) {
-            // Head dims past 64: a position at a time (tiles of 2 lost 3-4%
+            // Head dims past 64: a position at a time (tiles of 2 or 4 lost 3-4%
             // at 512-1,024 positions, 8B; NOTES.md item 64).
             for (int b = p0; b < lend; b += PRE * W) {
 #pragma unroll
