@@ -25,14 +25,14 @@
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
-#   bash bench/cuda/next_check.sh kvlayout # KV cache layouts ($KV_VARIANTS binaries kiln_V / cc_V built from local branch kv-layout, KV_LAYOUT 1-3): fixtures, logits = main bit for bit
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
 # `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
 # history (37ef8f9), its other A/Bs were `envab`; the fourteenth's kvwin / kvclu / cluab (items 60-61) are in
-# history at cca9d3b; split32 is on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d,
-# l2act, l2rule, l2att) are in history at 0e44e47 and on branch l2-ahead.
+# history at cca9d3b; the seventeenth's kvlayout (item 64a) is on branch kv-layout; split32 is
+# on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d, l2act, l2rule, l2att) are in
+# history at 0e44e47 and on branch l2-ahead.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -264,18 +264,6 @@ gqadepth)
       echo "$S $t ${GD_KV:-f32} $b depth $d $(/tmp/$b bench $m --device cuda $KV --batch 1 -p $d -n 256 2>&1 | grep -E '^\|' | tail -1 | awk -F'|' '{print $(NF-3)}')"
     done
   done; done; done; done ;;
-kvlayout)
-  # KV cache layouts (kv_at's KV_LAYOUT, one binary each: kiln_$V / cc_$V for V in $KV_VARIANTS):
-  # fixtures, then logits against main's cc bit for bit (the layout moves addresses only).
-  /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0 > /dev/null 2>&1
-  for v in ${KV_VARIANTS:-l h lh}; do
-    timeout 200 /tmp/cc_$v --fixtures tests/data/fixtures > $OUT/fix_$v.txt 2>&1; echo "$v fixtures rc $?"
-    grep -E 'FAILURES|PASSED' $OUT/fix_$v.txt; grep -E 'FAIL|differ' $OUT/fix_$v.txt | head -5
-    for t in hf q4_0; do
-      m=$(model_of /tmp/pb1 $t); /tmp/cc --logits $m "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc_$v --logits $m "$IDS" /tmp/b.bin 2>/dev/null
-      cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin && echo "$v $t: = main, bit for bit"
-    done
-  done ;;
 sync)
   # NOTES.md item 47: a grid-wide barrier inside one persistent kernel against a kernel boundary
   # under PDL (cuda_check --sync-micro), then the #7 table with kiln.xz (main + item 45).

@@ -962,8 +962,6 @@ fn grouped_check(
                 att_switch("KILN_CUDA_ATT_GROUP", grouped);
                 if one_slice {
                     std::env::set_var("KILN_CUDA_ATT_SPLIT", "1");
-                } else {
-                    std::env::remove_var("KILN_CUDA_ATT_SPLIT");
                 }
                 cuda_engine_opts(model, o, co)
             })?;

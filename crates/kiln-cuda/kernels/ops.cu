@@ -623,7 +623,8 @@ __device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* 
 }
 
 // The token's own K and V (for KV head kh: kr its K in the QKV row, its V
-// kvd further) as attention holds a head.
+// kvd further) as attention holds a head. (Not two att_row calls: K's and
+// V's loads interleaved are what the one-head kernels were measured with.)
 template <int DPL>
 __device__ __forceinline__ void att_own_rows(const float* kr, int kvd, int hd, int lane, float* okv, float* ovv) {
 #pragma unroll
@@ -873,6 +874,15 @@ __device__ __forceinline__ void att_step_split(const float (*qf)[8], KAt k_at, V
     }
 }
 
+// att_step_split for the position whose words a slot holds.
+template <int LPH, int NP, typename KV>
+__device__ __forceinline__ void att_step_words(const float (*qf)[8], const KvWords<KV>& c, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8]) {
+    att_step_split<LPH, NP>(
+        qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
+        [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+}
+
 // PRE positions at once into a lane's NP online softmaxes, as
 // att_step_split takes one (slot j: words r[j]; the first nv slots count,
 // the others' words reach nothing but selects). The PRE x NP scores' sums
@@ -1087,10 +1097,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 for (int j = 0; j < PRE; j++) {
                     int p = b + j * W;
                     if (p < lend) {
-                        const KvWords<KV>& c = r[j];
-                        att_step_split<LPH, NP>(
-                            qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
-                            [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+                        att_step_words<LPH, NP>(qf, r[j], scale, softcap, m, l, acc);
                         int pn = p + PRE * W;
                         if (pn < lend) load_kv_words<DPL>(kc, vc, row_at(pn), jl, hd, r[j]);
                     }
@@ -1107,12 +1114,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                     if (nv == 1) {
                         // A warp's last position alone (short slices: often
                         // its only one); nothing after it to load.
-                        const KvWords<KV>& c = r[j0];
-                        att_step_split<LPH, NP>(
-                            qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
-                            [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+                        att_step_words<LPH, NP>(qf, r[j0], scale, softcap, m, l, acc);
                         continue;
                     }
+                    // The V refill takes its row's offset again (an L1 hit):
+                    // holding the K refills' offsets cost spills.
                     att_tile_split<LPH, NP, T>(
                         qf, r + j0, nv, scale, softcap, m, l, acc,
                         [&](int j) {
