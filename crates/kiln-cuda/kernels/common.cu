@@ -24,9 +24,57 @@ typedef unsigned long long u64;
 // `add_norm*`, which first loads the norm weights and the residual row.
 // (A kernel that has passed pdl_wait has seen every kernel before it
 // finish, so when this one starts only the one just before may still run.)
+#ifdef KILN_TIMELINE
+// `$KILN_CUDA_TIMELINE` builds (bench/cuda/timeline.py reads them): warp 0
+// of every block that waits stamps the global nanosecond clock before and
+// after the wait, and at `tl_mark`s, into its own slot of a host-allocated
+// ring (grid launch number mod TL_GRIDS, block): plain stores only, so the
+// stamps barely move what they measure (an atomic append cost ~3 us a
+// layer). A slot: [before, after, mark 1..5, shape << 40 | threads << 30 |
+// SM << 22 | 1 << 21].
+#define TL_GRIDS 256
+#define TL_BLOCKS 8192
+#define TL_WORDS 8
+__device__ u64* kiln_tl_ptr;
+__device__ __forceinline__ u64 tl_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ u64* tl_slot() {
+    u64 gid, blk = blockIdx.x + (u64)gridDim.x * (blockIdx.y + (u64)gridDim.y * blockIdx.z);
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+    if (kiln_tl_ptr == nullptr || blk >= TL_BLOCKS || threadIdx.x >= 32 ||
+        (threadIdx.x & 31) != __ffs(__activemask()) - 1)
+        return nullptr;
+    return kiln_tl_ptr + ((gid % TL_GRIDS) * TL_BLOCKS + blk) * TL_WORDS;
+}
+#endif
+// A phase mark (id 1..5) of a timeline build; nothing otherwise.
+__device__ __forceinline__ void tl_mark(int id) {
+#ifdef KILN_TIMELINE
+    u64* s = tl_slot();
+    if (s) s[1 + id] = tl_now();
+#endif
+}
 __device__ __forceinline__ void pdl_wait() {
+#ifdef KILN_TIMELINE
+    u64* s = tl_slot();
+    u64 t0 = tl_now();
+#endif
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef KILN_TIMELINE
+    u64 t1 = tl_now();
+    if (s) {
+        u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        u64 nblk = (u64)gridDim.x * gridDim.y * gridDim.z;
+        s[0] = t0;
+        s[1] = t1;
+        s[7] = (nblk << 40) | ((u64)blockDim.x << 30) | ((u64)sm << 22) | (1ull << 21);
+    }
 #endif
 }
 __device__ __forceinline__ void pdl_launch() {

@@ -918,6 +918,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
     else
         stage_xq(sq, sd, ss, xq, xd, xs, cols);
+    tl_mark(1);
     float acc = 0.0f;
     int u0 = lane;
     while (r < rows) {
@@ -963,6 +964,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         r = rn;
     }
+    tl_mark(2);
 }
 
 // The fused norm's GEMV (CudaOptions::fuse_norm): the streaming kernel

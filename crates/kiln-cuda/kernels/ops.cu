@@ -1184,6 +1184,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             att_own_rows<DPL>(kr, kvd, hd, lane, okv, ovv);
         }
         if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+        tl_mark(1);
         int lend = own ? end - 1 : end;
         // The warp's positions in order, slot j holding every PRE-th: each slot
         // is refilled with the position PRE on as soon as it is used, so PRE
@@ -1233,6 +1234,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         }
 #pragma unroll
         for (int i = 0; i < DPL; i++) sacc[0][warp][lane + 32 * i] = acc[i];
+        tl_mark(2);
     }
     __syncthreads();
     float* ob = out + (u64)t * ostride;
@@ -1275,6 +1277,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         __syncthreads();
     else
         __syncwarp();
+    tl_mark(3);
     if (!last || warp >= gn) return;
     fence_acq_rel_gpu();
     // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
@@ -1282,6 +1285,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     float os[DPL];
     att_merge<DPL>([&](int k, int off) { return __ldcg(base + k * (hd + 2) + off); }, S, hd, lane, os);
     att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+    tl_mark(4);
     // Every slice has counted: ready for the next launch.
     if (threadIdx.x == 0) counters[pair0] = 0;
 }

@@ -1125,6 +1125,9 @@ pub struct CudaBackend {
     /// 0 launched after the replay, 1 (default) captured in the graph
     /// unless the step issues L2 windows, 2 captured in the graph.
     graph_argmax: u8,
+    /// Decode steps whose wait stamps a timeline build writes out
+    /// (`$KILN_CUDA_TIMELINE`, [`Timeline`]).
+    timeline: Option<Timeline>,
     k: Kernels,
     plan: MemoryPlan,
     gemm_min: usize,
@@ -2040,6 +2043,7 @@ impl CudaBackend {
                 Ok("2") => 2,
                 _ => 1,
             },
+            timeline: Timeline::from_env(),
             use_graphs: opts.graphs,
             desc,
             layout,
@@ -3551,11 +3555,21 @@ impl CudaBackend {
             r?;
             self.graphs[gi] = Some(g?);
         }
+        let (reset, read) = self.timeline.as_mut().map_or((false, false), |t| t.step());
+        if reset {
+            self.gpu.timeline_reset()?;
+        }
         if let Some(g) = &self.graphs[gi] {
             self.gpu.replay(g)?;
         }
         if greedy && !greedy_in_graph {
             self.argmax(k)?;
+        }
+        if read {
+            let rows = self.gpu.timeline_read()?;
+            if let Some(t) = &self.timeline {
+                t.write(&rows)?;
+            }
         }
         Ok(())
     }
@@ -3742,6 +3756,56 @@ impl Backend for CudaBackend {
         ids: &mut [u32],
     ) -> Result<()> {
         self.forward_ids(batch, kv, Some(params), ids)
+    }
+}
+
+/// `$KILN_CUDA_TIMELINE=FIRST[:COUNT]` with a timeline build ([`crate::gpu::timeline_on`]):
+/// the wait stamps of decode steps FIRST..FIRST+COUNT (graph replays,
+/// counted from 0) go to `$KILN_CUDA_TIMELINE_OUT` (default
+/// `kiln-timeline.tsv`) for bench/cuda/timeline.py.
+struct Timeline {
+    first: usize,
+    count: usize,
+    seen: usize,
+    out: std::path::PathBuf,
+}
+
+impl Timeline {
+    fn from_env() -> Option<Timeline> {
+        let v = std::env::var("KILN_CUDA_TIMELINE").ok()?;
+        let mut it = v.split(':');
+        let first = it.next()?.trim().parse().ok()?;
+        let count = it
+            .next()
+            .and_then(|c| c.trim().parse().ok())
+            .unwrap_or(1usize)
+            .max(1);
+        let out = std::env::var_os("KILN_CUDA_TIMELINE_OUT")
+            .map_or_else(|| "kiln-timeline.tsv".into(), std::path::PathBuf::from);
+        Some(Timeline {
+            first,
+            count,
+            seen: 0,
+            out,
+        })
+    }
+
+    /// Counts a decode step: (empty the stamps before it, read them after it).
+    fn step(&mut self) -> (bool, bool) {
+        let i = self.seen;
+        self.seen += 1;
+        (i == self.first, i + 1 == self.first + self.count)
+    }
+
+    fn write(&self, rows: &[[u64; 10]]) -> Result<()> {
+        let mut s = String::from("grid\tblock\tbefore\tafter\tm1\tm2\tm3\tm4\tm5\tshape\n");
+        for r in rows {
+            let cells: Vec<String> = r.iter().map(u64::to_string).collect();
+            s.push_str(&cells.join("\t"));
+            s.push('\n');
+        }
+        std::fs::write(&self.out, s)
+            .map_err(|e| EngineError::Input(format!("timeline '{}': {e}", self.out.display())))
     }
 }
 

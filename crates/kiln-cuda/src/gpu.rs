@@ -208,6 +208,8 @@ pub struct Gpu {
     /// [`Gpu::blocks_per_sm`]'s answers, asked once per (kernel, block):
     /// the norm-fused GEMVs size their grid with it on every launch.
     occupancy: std::cell::RefCell<Vec<(sys::CUfunction, u32, u32)>>,
+    /// A timeline build's stamp ring ([`Gpu::timeline_reset`]).
+    tl_buf: std::cell::RefCell<Option<DevBuf>>,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -257,10 +259,25 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture={arch}"),
         "-default-device".into(),
-    ]
+    ];
+    if timeline_on() {
+        o.push("-DKILN_TIMELINE".into());
+    }
+    o
+}
+
+/// The timeline ring's shape (TL_GRIDS x TL_BLOCKS slots of TL_WORDS u64 in
+/// common.cu).
+const TL_BLOCKS: usize = 8192;
+const TL_BYTES: usize = 256 * TL_BLOCKS * 8 * 8;
+
+/// `$KILN_CUDA_TIMELINE` set: kernels built to stamp their waits
+/// ([`Gpu::timeline_reset`]; a diagnostic build, not for speed).
+pub fn timeline_on() -> bool {
+    std::env::var_os("KILN_CUDA_TIMELINE").is_some()
 }
 
 /// Compiles `src` for `arch` (`sm_90` …) to a cubin with NVRTC.
@@ -500,6 +517,7 @@ impl Gpu {
             skip,
             boundary,
             occupancy: std::cell::RefCell::new(Vec::new()),
+            tl_buf: std::cell::RefCell::new(None),
         })
     }
 
@@ -725,6 +743,73 @@ impl Gpu {
                 dr::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, ptrs)
             })
         }
+    }
+
+    /// Empties the stamps of a timeline build (queued on the stream); the
+    /// first call allocates their ring (TL_GRIDS x TL_BLOCKS slots of
+    /// TL_WORDS u64 in common.cu) and points the kernels at it.
+    pub fn timeline_reset(&self) -> CuResult<()> {
+        let mut buf = self.tl_buf.borrow_mut();
+        if buf.is_none() {
+            let b = DevBuf::alloc(TL_BYTES)?;
+            let (p, _) = self.global("kiln_tl_ptr")?;
+            // SAFETY: an 8-byte device global of the live module.
+            drv("timeline pointer", unsafe {
+                dr::memcpy_htod_sync(p, &[b.ptr])
+            })?;
+            *buf = Some(b);
+        }
+        let Some(b) = buf.as_ref() else {
+            return Ok(());
+        };
+        // SAFETY: the ring allocated above, TL_BYTES long.
+        drv("timeline reset", unsafe {
+            dr::memset_d8_async(b.ptr, 0, TL_BYTES, self.stream)
+        })
+    }
+
+    /// The stamps since [`Gpu::timeline_reset`], one row per block that
+    /// waited: [grid slot, block, before the wait, after it, marks 1..5
+    /// (0: not reached), blocks << 40 | threads << 30 | SM << 22].
+    pub fn timeline_read(&self) -> CuResult<Vec<[u64; 10]>> {
+        self.sync()?;
+        let buf = self.tl_buf.borrow();
+        let Some(b) = buf.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let mut v = vec![0u64; TL_BYTES / 8];
+        // SAFETY: the ring is TL_BYTES long; the stream is synced.
+        drv("timeline read", unsafe {
+            dr::memcpy_dtoh_sync(&mut v, b.ptr)
+        })?;
+        let mut rows = Vec::new();
+        for (i, s) in v.chunks_exact(8).enumerate() {
+            if s[7] & (1 << 21) != 0 {
+                let (g, blk) = (i / TL_BLOCKS, i % TL_BLOCKS);
+                rows.push([
+                    g as u64,
+                    blk as u64,
+                    s[0],
+                    s[1],
+                    s[2],
+                    s[3],
+                    s[4],
+                    s[5],
+                    s[6],
+                    s[7] & !(0x3f_ffff),
+                ]);
+            }
+        }
+        Ok(rows)
+    }
+
+    fn global(&self, name: &str) -> CuResult<(sys::CUdeviceptr, usize)> {
+        let c = CString::new(name).map_err(|_| CudaError("bad symbol name".into()))?;
+        // SAFETY: module is live.
+        drv(
+            &format!("'{name}' (a timeline build: $KILN_CUDA_TIMELINE)"),
+            unsafe { dr::module::get_global(self.module, c) },
+        )
     }
 
     /// Starts timing every launch with events (up to `max` launches).

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Lays out a decode step's kernels in time from a timeline build's stamps.
+
+A timeline build (`KILN_CUDA_TIMELINE=FIRST[:COUNT]`, kernels compiled with
+-DKILN_TIMELINE) has warp 0 of every block stamp the global nanosecond clock
+before and after its programmatic-dependent-launch wait and at its phase
+marks (`tl_mark`), into a slot per (grid launch number mod 256, block), with
+its grid's shape and SM; `kiln` writes them for the chosen decode steps to
+$KILN_CUDA_TIMELINE_OUT (steps of at most 256 kernels). A grid's earliest release from the
+wait is when the grid before it finished (and its writes became visible), so
+consecutive releases price each kernel on the step's critical path, boundary
+included; how long a grid's blocks sat resident before that release says how
+much of its prologue (weight preloads) overlapped the kernel before.
+
+usage: timeline.py STAMPS.tsv [--layers N] [--per-layer K]
+  --per-layer K: kernels a layer (groups the middle of the step by position
+  in the layer, e.g. 5 for a fused 1B Q4_0 layer)
+"""
+import argparse
+import statistics
+from collections import defaultdict
+
+
+def load(path):
+    """Rows [grid slot, block, before, after, m1..m5, shape] -> grids by release."""
+    grids = defaultdict(list)
+    with open(path) as f:
+        next(f)
+        for line in f:
+            v = [int(x) for x in line.split()]
+            grids[v[0]].append(v)
+    out = []
+    for gid, rows in grids.items():
+        shape = rows[0][9]
+        marks = defaultdict(list)
+        for r in rows:
+            for m in range(1, 6):
+                if r[3 + m]:
+                    marks[m].append(r[3 + m])
+        out.append(
+            {
+                "gid": gid,
+                "blocks": shape >> 40,
+                "threads": (shape >> 30) & 0x3FF,
+                "stamped": len(rows),
+                "first_in": min(r[2] for r in rows),
+                "last_in": max(r[2] for r in rows),
+                "release": min(r[3] for r in rows),
+                "last_out": max(r[3] for r in rows),
+                "sms": len({(r[9] >> 22) & 0xFF for r in rows}),
+                "marks": marks,
+            }
+        )
+    out.sort(key=lambda g: g["release"])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stamps")
+    ap.add_argument("--per-layer", type=int, default=0)
+    ap.add_argument("--skip", type=int, default=0, help="kernels before the first layer")
+    ap.add_argument("--quiet", action="store_true", help="summary only")
+    a = ap.parse_args()
+    g = load(a.stamps)
+    if not g:
+        print("no stamps")
+        return
+    ts = sorted({t for k in g for t in (k["first_in"], k["release"])})
+    steps = [b - a_ for a_, b in zip(ts, ts[1:]) if b > a_]
+    print(f"{len(g)} grids; smallest clock step seen {min(steps) if steps else 0} ns")
+    t_start = g[0]["first_in"]
+    print(
+        "  #  blocks thr stamped sms   start   release  +crit   resident-before  arrivals-after"
+    )
+    prev = None
+    crit = []
+    for i, k in enumerate(g):
+        d = k["release"] - prev if prev is not None else 0
+        crit.append(d)
+        prev = k["release"]
+        if not a.quiet:
+            print(
+                f"{i:3d} {k['blocks']:7d} {k['threads']:4d} {k['stamped']:6d} {k['sms']:4d}"
+                f" {(k['first_in'] - t_start) / 1e3:8.2f} {(k['release'] - t_start) / 1e3:8.2f}"
+                f" {d / 1e3:6.2f} {(k['release'] - k['first_in']) / 1e3:10.2f}"
+                f" {(k['last_in'] - k['release']) / 1e3:14.2f}"
+            )
+    total = g[-1]["last_out"] - t_start
+    print(f"first arrival to last release: {total / 1e3:.1f} us")
+    if a.per_layer:
+        # crit[i] is kernel i-1's time on the critical path (release to release).
+        fam = defaultdict(list)
+        n = a.per_layer
+        for i in range(a.skip + 1, len(g)):
+            j = i - 1 - a.skip
+            if j < 0:
+                continue
+            fam[j % n].append(
+                (
+                    crit[i] / 1e3,
+                    (g[i - 1]["release"] - g[i - 1]["first_in"]) / 1e3,
+                    (g[i - 1]["last_in"] - g[i - 1]["release"]) / 1e3,
+                    g[i - 1]["blocks"],
+                    g[i - 1]["threads"],
+                    {
+                        m: (
+                            (statistics.median(ts) - g[i - 1]["release"]) / 1e3,
+                            (max(ts) - g[i - 1]["release"]) / 1e3,
+                        )
+                        for m, ts in g[i - 1]["marks"].items()
+                    },
+                )
+            )
+        print("position in layer: median us release-to-next-release, resident-before, arrivals-after")
+        for j in sorted(fam):
+            v = fam[j]
+            print(
+                f"  {j}: {len(v):3d} kernels, grid {v[0][3]}x{v[0][4]}:"
+                f" crit {statistics.median(x[0] for x in v):6.2f}"
+                f" (min {min(x[0] for x in v):.2f}, max {max(x[0] for x in v):.2f}),"
+                f" resident {statistics.median(x[1] for x in v):6.2f},"
+                f" late {statistics.median(x[2] for x in v):6.2f}"
+            )
+            ids = sorted({m for x in v for m in x[5]})
+            for m in ids:
+                med = [x[5][m][0] for x in v if m in x[5]]
+                mx = [x[5][m][1] for x in v if m in x[5]]
+                print(
+                    f"      mark {m}: after release, median block {statistics.median(med):6.2f},"
+                    f" last block {statistics.median(mx):6.2f} (medians over kernels)"
+                )
+
+
+if __name__ == "__main__":
+    main()
