@@ -25,7 +25,7 @@
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
-#   bash bench/cuda/next_check.sh timeline # wait stamps of single decode steps (kiln_tl.xz), for bench/cuda/timeline.py
+#   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -284,16 +284,17 @@ price)
     echo "$m twice=$f $(KILN_CUDA_TWICE=$f /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done ;;
 timeline)
-  # Wait stamps of single decode steps (timeline build: kiln_tl.xz and its cubin; bench/cuda/
-  # timeline.py lays them out): $TL_MODELS at decode steps $TL_STEPS of `bench -p 16 -n 256 -r 1`
-  # (counted from the first replay, warm-up included: about s positions behind it), files to $OUT; then the same
-  # models' tg256 with the plain binary beside the timeline build, for its overhead.
+  # Stamps of single decode steps (NOTES.md item 65; the cache needs the timeline cubin too:
+  # KILN_CUDA_TIMELINE=1 cuda_check --precompile sm_90; bench/cuda/timeline.py lays them out):
+  # $TL_MODELS at decode steps $TL_STEPS of `bench -p 16 -n 256 -r 1` (counted from the first
+  # replay, warm-up included: about s positions behind it), files to $OUT; then the same models'
+  # tg256 with the plain build beside it, for the stamps' overhead.
   /tmp/kiln synth Llama-3.2-1B /tmp/t1 --types q4_0 > /dev/null 2>&1; date -u +%T
   for m in ${TL_MODELS:-t1/model-q4_0.gguf t1/hf}; do
     tag=$(echo $m | tr '/.' '__')
     for st in ${TL_STEPS:-40 200}; do
       KILN_CUDA_TIMELINE=$st KILN_CUDA_TIMELINE_OUT=$OUT/tl_${tag}_$st.tsv \
-        /tmp/kiln_tl bench /tmp/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$m step $st: tg |"
+        /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$m step $st: tg |"
     done
     echo "$m plain $(/tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done ;;

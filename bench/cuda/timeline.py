@@ -12,9 +12,10 @@ consecutive releases price each kernel on the step's critical path, boundary
 included; how long a grid's blocks sat resident before that release says how
 much of its prologue (weight preloads) overlapped the kernel before.
 
-usage: timeline.py STAMPS.tsv [--layers N] [--per-layer K]
+usage: timeline.py STAMPS.tsv [--per-layer K [--skip S]] [--quiet]
   --per-layer K: kernels a layer (groups the middle of the step by position
-  in the layer, e.g. 5 for a fused 1B Q4_0 layer)
+  in the layer, e.g. 5 for a fused 1B Q4_0 layer); --skip S: kernels before
+  the first layer (1 there: embed)
 """
 import argparse
 import statistics
@@ -66,9 +67,7 @@ def main():
     if not g:
         print("no stamps")
         return
-    ts = sorted({t for k in g for t in (k["first_in"], k["release"])})
-    steps = [b - a_ for a_, b in zip(ts, ts[1:]) if b > a_]
-    print(f"{len(g)} grids; smallest clock step seen {min(steps) if steps else 0} ns")
+    print(f"{len(g)} grids")
     t_start = g[0]["first_in"]
     print(
         "  #  blocks thr stamped sms   start   release  +crit   resident-before  arrivals-after"

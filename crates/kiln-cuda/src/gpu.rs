@@ -265,14 +265,22 @@ fn nvrtc_options(arch: &str) -> Vec<String> {
     ];
     if timeline_on() {
         o.push("-DKILN_TIMELINE".into());
+        o.push(format!("-DTL_GRIDS={TL_GRIDS}"));
+        o.push(format!("-DTL_BLOCKS={TL_BLOCKS}"));
+        o.push(format!("-DTL_WORDS={TL_WORDS}"));
+        o.push(format!("-DTL_SEEN={TL_SEEN}ull"));
     }
     o
 }
 
-/// The timeline ring's shape (TL_GRIDS x TL_BLOCKS slots of TL_WORDS u64 in
-/// common.cu).
+/// The timeline ring (common.cu takes its shape from these): a slot of
+/// TL_WORDS u64 per (grid launch number mod TL_GRIDS, block < TL_BLOCKS);
+/// TL_SEEN marks a slot's last word once its block has waited.
+const TL_GRIDS: usize = 256;
 const TL_BLOCKS: usize = 8192;
-const TL_BYTES: usize = 256 * TL_BLOCKS * 8 * 8;
+const TL_WORDS: usize = 8;
+const TL_SEEN: u64 = 1 << 21;
+const TL_BYTES: usize = TL_GRIDS * TL_BLOCKS * TL_WORDS * 8;
 
 /// `$KILN_CUDA_TIMELINE` set: kernels built to stamp their waits
 /// ([`Gpu::timeline_reset`]; a diagnostic build, not for speed).
@@ -746,25 +754,24 @@ impl Gpu {
     }
 
     /// Empties the stamps of a timeline build (queued on the stream); the
-    /// first call allocates their ring (TL_GRIDS x TL_BLOCKS slots of
-    /// TL_WORDS u64 in common.cu) and points the kernels at it.
+    /// first call allocates their ring and points the kernels at it.
     pub fn timeline_reset(&self) -> CuResult<()> {
         let mut buf = self.tl_buf.borrow_mut();
-        if buf.is_none() {
-            let b = DevBuf::alloc(TL_BYTES)?;
-            let (p, _) = self.global("kiln_tl_ptr")?;
-            // SAFETY: an 8-byte device global of the live module.
-            drv("timeline pointer", unsafe {
-                dr::memcpy_htod_sync(p, &[b.ptr])
-            })?;
-            *buf = Some(b);
-        }
-        let Some(b) = buf.as_ref() else {
-            return Ok(());
+        let ring = match buf.as_ref() {
+            Some(b) => b.ptr,
+            None => {
+                let b = DevBuf::alloc(TL_BYTES)?;
+                let (p, _) = self.timeline_global("kiln_tl_ptr")?;
+                // SAFETY: an 8-byte device global of the live module.
+                drv("timeline pointer", unsafe {
+                    dr::memcpy_htod_sync(p, &[b.ptr])
+                })?;
+                buf.insert(b).ptr
+            }
         };
-        // SAFETY: the ring allocated above, TL_BYTES long.
+        // SAFETY: the ring is TL_BYTES long.
         drv("timeline reset", unsafe {
-            dr::memset_d8_async(b.ptr, 0, TL_BYTES, self.stream)
+            dr::memset_d8_async(ring, 0, TL_BYTES, self.stream)
         })
     }
 
@@ -783,27 +790,21 @@ impl Gpu {
             dr::memcpy_dtoh_sync(&mut v, b.ptr)
         })?;
         let mut rows = Vec::new();
-        for (i, s) in v.chunks_exact(8).enumerate() {
-            if s[7] & (1 << 21) != 0 {
-                let (g, blk) = (i / TL_BLOCKS, i % TL_BLOCKS);
-                rows.push([
-                    g as u64,
-                    blk as u64,
-                    s[0],
-                    s[1],
-                    s[2],
-                    s[3],
-                    s[4],
-                    s[5],
-                    s[6],
-                    s[7] & !(0x3f_ffff),
-                ]);
+        for (i, s) in v.chunks_exact(TL_WORDS).enumerate() {
+            let shape = s[TL_WORDS - 1];
+            if shape & TL_SEEN != 0 {
+                let mut row = [0u64; 10];
+                row[0] = (i / TL_BLOCKS) as u64;
+                row[1] = (i % TL_BLOCKS) as u64;
+                row[2..9].copy_from_slice(&s[..TL_WORDS - 1]);
+                row[9] = shape & !TL_SEEN;
+                rows.push(row);
             }
         }
         Ok(rows)
     }
 
-    fn global(&self, name: &str) -> CuResult<(sys::CUdeviceptr, usize)> {
+    fn timeline_global(&self, name: &str) -> CuResult<(sys::CUdeviceptr, usize)> {
         let c = CString::new(name).map_err(|_| CudaError("bad symbol name".into()))?;
         // SAFETY: module is live.
         drv(
