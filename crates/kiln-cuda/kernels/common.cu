@@ -55,6 +55,14 @@ __device__ __forceinline__ void tl_mark(int id) {
     if (s) s[1 + id] = tl_now();
 #endif
 }
+// A mark once v is computed: the empty asm takes v, and volatile asms keep
+// their order, so the clock is read after v's inputs have arrived.
+__device__ __forceinline__ void tl_mark_after(int id, double v) {
+#ifdef KILN_TIMELINE
+    asm volatile("" ::"d"(v));
+    tl_mark(id);
+#endif
+}
 __device__ __forceinline__ void pdl_wait() {
 #ifdef KILN_TIMELINE
     u64* s = tl_slot();
@@ -256,6 +264,34 @@ __device__ double block_sum_d(double v) {
 // norm) bit-identical to add_norm / qkv_post.
 __device__ __forceinline__ double inv_rms(double ss, int n, float eps) {
     return 1.0 / sqrt(ss / (double)n + (double)eps);
+}
+
+// inv_rms of the np partial sums in `part` (visible to the block: called
+// after the barrier that follows their writes), added in index order by
+// thread 0 alone and handed to the block through shared memory: the bits of
+// every thread summing and dividing itself, without each thread repeating
+// that f64 chain (at two blocks of 512 threads an SM it was ~1 us of FP64
+// issue in the fused GEMVs' staging, NOTES.md item 66). Every thread calls.
+__device__ __forceinline__ double parts_inv_rms(const double* part, int np, int n, float eps) {
+    __shared__ double r;
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < np; i++) t += part[i];
+        r = inv_rms(t, n, eps);
+    }
+    __syncthreads();
+    return r;
+}
+
+// inv_rms(block_sum_d(v), n, eps), bit for bit, through parts_inv_rms.
+// (No leading barrier as block_sum_d has: the trailing one orders a second
+// call's writes of `part` after this one's reads.)
+__device__ __forceinline__ double block_inv_rms(double v, int n, float eps) {
+    __shared__ double part[32];
+    v = warp_sum_d(v);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return parts_inv_rms(part, blockDim.x >> 5, n, eps);
 }
 
 __device__ __forceinline__ float activate(int kind, float x) {

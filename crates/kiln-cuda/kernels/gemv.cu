@@ -822,9 +822,11 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
 // AN_THREADS * k as add_norm's thread j does (same f64 sums in the same
 // order), then the normalized row goes through sx to quant_q8_shared. One
 // round trip for x; gw, the norm's weights, loaded by the caller before its
-// PDL wait.
+// PDL wait. (Each warp quantizing its own whole blocks from registers,
+// quant_q8_warp with REDUX max / sum, lost 4%: NOTES.md item 66.)
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
+    __shared__ double part[AN_THREADS / 32];
     float xv[AN_V];
     double s = 0.0;
 #pragma unroll
@@ -834,13 +836,19 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, fl
     }
 #pragma unroll
     for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
-    float finv = (float)inv_rms(block_sum_d(s), cols, eps);
+    tl_mark_after(3, s);
+    s = warp_sum_d(s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    tl_mark(4);
+    float finv = (float)parts_inv_rms(part, AN_THREADS / 32, cols, eps);
 #pragma unroll
     for (int k = 0; k < AN_V; k++) {
         int i = threadIdx.x + k * AN_THREADS;
         if (i < cols) sx[i] = rms_val(xv[k], finv, gw[k]);
     }
     __syncthreads();
+    tl_mark(5);
     quant_q8_shared(sx, cols, 0, (i8*)sq, sd, ss);
     __syncthreads();
 }

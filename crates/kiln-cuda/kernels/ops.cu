@@ -21,7 +21,7 @@ __device__ __forceinline__ void norm_stats(const float* v, int n, int kind, floa
         }
     }
     *mean = m;
-    *inv = inv_rms(block_sum_d(s), n, eps);
+    *inv = block_inv_rms(s, n, eps);
 }
 
 // With the weight and bias values given (1 and 0 without them).
@@ -101,7 +101,7 @@ __device__ __forceinline__ void reg_stats(const float* v, int len, int n, int ki
         for (int k = 0; k < V; k++) s += (double)v[k] * (double)v[k];
     }
     *mean = m;
-    *inv = inv_rms(red_sum_d<CL>(s), n, eps);
+    *inv = CL ? inv_rms(cluster_sum_d(s), n, eps) : block_inv_rms(s, n, eps);
 }
 
 // Per token:
@@ -639,21 +639,31 @@ __device__ __forceinline__ void att_own_rows(const float* kr, int kvd, int hd, i
 // as the 8-bit blocks (32 dims each, from block blk0) that the O projection
 // reads, so no quantize_q8 pass runs between (the backend passes xq only
 // when hd % 32 == 0: every block whole, in one warp).
-// Out of line: inlined, it cost the attention kernels 20-30 registers.
-__device__ __noinline__ void att_quant(const float* o, int hd, int lane, i8* xq, float* xqd, float* xqs,
-                                       u64 blk0) {
-    for (int i = 0; 32 * i < hd; i++) quant_q8_warp(o[lane + 32 * i], lane, blk0 + i, xq, xqd, xqs);
+// Out of line: inlined, it cost the attention kernels 20-30 registers. The
+// values travel by value, not read back from o: that was one more dependent
+// round trip to L2 at the end of every merge.
+template <int DPL>
+struct AttRow {
+    float v[DPL];
+};
+template <int DPL>
+__device__ __noinline__ void att_quant(AttRow<DPL> o, int hd, int lane, i8* xq, float* xqd, float* xqs, u64 blk0) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        if (32 * i < hd) quant_q8_warp(o.v[i], lane, blk0 + i, xq, xqd, xqs);
 }
 
 template <int DPL>
 __device__ __forceinline__ void att_store(float* o, const float* v, int hd, int lane, i8* xq, float* xqd,
                                           float* xqs, u64 blk0) {
+    AttRow<DPL> r;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int d = lane + 32 * i;
         if (d < hd) o[d] = v[i];
+        r.v[i] = v[i];
     }
-    if (xq) att_quant(o, hd, lane, xq, xqd, xqs, blk0);
+    if (xq) att_quant<DPL>(r, hd, lane, xq, xqd, xqs, blk0);
 }
 
 // Slice merge inside a thread-block cluster (sm_90): a (query head, token)
