@@ -304,21 +304,63 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const fl
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).
 // With q (hid % 32 == 0): also quantized to 8 bits per 32 values for the
-// output projection's one-token GEMV.
-extern "C" __global__ void gather_norm(const float* x, const u32* rows, const float* w, const float* b,
-                                       float* out, int hid, float eps, int kind, i8* q, float* qd,
-                                       float* qs) { PDL_ENTRY();
+// output projection's one-token GEMV. Rows of up to 256 * GN_V values are
+// read once into registers (reg_stats: norm_stats' sums in its order) and
+// quantized from shared memory (quant_q8_shared: quant_q8_warp's bits):
+// reading x twice and `out` back cost two more round trips, under the
+// output GEMV's weight preloads, and a warp's eight quantizations ran in
+// series (8.9 us of a 1B step, NOTES.md item 66). The norm's weights are
+// loaded before the wait.
+#define GN_V 16
+extern "C" __global__ void __launch_bounds__(256) gather_norm(const float* x, const u32* rows, const float* w,
+                                                              const float* b, float* out, int hid, float eps,
+                                                              int kind, i8* q, float* qd, float* qs) {
+    __shared__ float4 sv4[256 * GN_V / 4];
+    float* sv = (float*)sv4;
+    // The norm's weights (never written) before the wait.
+    float wv[GN_V], bv[GN_V];
+#pragma unroll
+    for (int k = 0; k < GN_V; k++) {
+        int i = threadIdx.x + k * 256;
+        bool in = i < hid && hid <= 256 * GN_V;
+        wv[k] = in && w ? w[i] : 1.0f;
+        bv[k] = in && b ? b[i] : 0.0f;
+    }
+    PDL_ENTRY();
     const float* xr = x + (u64)rows[blockIdx.x] * hid;
-    double mean, inv;
-    norm_stats(xr, hid, kind, eps, &mean, &inv);
-    float finv = (float)inv;
     float* o = out + (u64)blockIdx.x * hid;
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+    double mean, inv;
+    if (hid > 256 * GN_V) {
+        norm_stats(xr, hid, kind, eps, &mean, &inv);
+        float finv = (float)inv;
+        for (int i = threadIdx.x; i < hid; i += blockDim.x) o[i] = norm_one(xr[i], i, kind, mean, inv, finv, w, b);
+        if (!q) return;
+        __syncthreads();
+        int lane = threadIdx.x & 31;
+        for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
+            quant_q8_warp(o[blk * 32 + lane], lane, (u64)blockIdx.x * (hid >> 5) + blk, q, qd, qs);
+        return;
+    }
+    float v[GN_V];
+#pragma unroll
+    for (int k = 0; k < GN_V; k++) {
+        int i = threadIdx.x + k * 256;
+        v[k] = i < hid ? xr[i] : 0.0f;
+    }
+    reg_stats<GN_V, false>(v, hid, hid, kind, eps, &mean, &inv);
+    float finv = (float)inv;
+#pragma unroll
+    for (int k = 0; k < GN_V; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i < hid) {
+            float nv = norm_val(v[k], kind, mean, inv, finv, wv[k], bv[k]);
+            o[i] = nv;
+            sv[i] = nv;
+        }
+    }
     if (!q) return;
     __syncthreads();
-    int lane = threadIdx.x & 31;
-    for (int blk = threadIdx.x >> 5; blk < hid / 32; blk += blockDim.x >> 5)
-        quant_q8_warp(o[blk * 32 + lane], lane, (u64)blockIdx.x * (hid >> 5) + blk, q, qd, qs);
+    quant_q8_shared(sv, hid, (u64)blockIdx.x * (hid >> 5), q, qd, qs);
 }
 
 // Offset of position p's row (kvd values) in a layer's paged K or V cache,
