@@ -269,9 +269,9 @@ __device__ __forceinline__ double inv_rms(double ss, int n, float eps) {
 // inv_rms of the np partial sums in `part` (visible to the block: called
 // after the barrier that follows their writes), added in index order by
 // thread 0 alone and handed to the block through shared memory: the bits of
-// every thread summing and dividing itself, without each thread repeating
-// that f64 chain (at two blocks of 512 threads an SM it was ~1 us of FP64
-// issue in the fused GEMVs' staging, NOTES.md item 66). Every thread calls.
+// every thread summing and dividing itself, without every thread repeating
+// that f64 chain (NOTES.md item 66; mvfn's rms_finv keeps its own: this
+// one cost it registers and occupancy). Every thread calls.
 __device__ __forceinline__ double parts_inv_rms(const double* part, int np, int n, float eps) {
     __shared__ double r;
     if (threadIdx.x == 0) {

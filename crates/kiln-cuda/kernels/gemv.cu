@@ -823,7 +823,7 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
 // order), then the normalized row goes through sx to quant_q8_shared. One
 // round trip for x; gw, the norm's weights, loaded by the caller before its
 // PDL wait. (Each warp quantizing its own whole blocks from registers,
-// quant_q8_warp with REDUX max / sum, lost 4%: NOTES.md item 66.)
+// quant_q8_warp with REDUX max / sum, lost 2.7%: NOTES.md item 66.)
 __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
                                               const float* gw, float eps, int cols) {
     __shared__ double part[AN_THREADS / 32];
