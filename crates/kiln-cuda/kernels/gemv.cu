@@ -102,10 +102,22 @@ __device__ __forceinline__ float mvf_row(const uint4* __restrict__ wr, int chunk
     return acc;
 }
 
+// The residual stream's value at row r for a RES GEMV's add, read before
+// its PDL wait (lane 0; 0 otherwise): under fuse_norm only the O and down
+// GEMVs write the stream, and when one of them starts, every kernel before
+// the one just ahead of it has finished (common.cu), which takes in the
+// other one's writes; the one ahead (attention, or gate|up) reads the
+// stream and never writes it. From L2: this SM's L1 may hold the row from
+// before the last write. Saves the add's dependent round trip at the end.
+template <bool RES>
+__device__ __forceinline__ float res_early(const float* y, int r, int rows, int lane) {
+    return RES && lane == 0 && r < rows ? __ldcg(y + r) : 0.0f;
+}
+
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
 // RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
-// add_norm adds it (CudaOptions::fuse_norm).
+// add_norm adds it (CudaOptions::fuse_norm), y[r] read early (res_early).
 template <int T, bool RES = false>
 __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                          const float* __restrict__ x, float* __restrict__ y,
@@ -124,11 +136,12 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
         int c = lane + 32 * k;
         if (c < chunks) wv[k] = ld_stream16(wr + c);
     }
+    float yr = res_early<RES>(y, r, rows, lane);
     PDL_ENTRY();
     float acc = warp_sum(mvf_row<T, false>(wr, chunks, lane, wv, (const float4*)x));
     if (lane == 0) {
         float o = acc + (bias ? bias[r] : 0.0f);
-        y[r] = RES ? y[r] + o : o;
+        y[r] = RES ? yr + o : o;
     }
 }
 
@@ -698,7 +711,8 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, u64 row_bytes
 // dependent launch, and each later round trip brings as many again.
 // Units are still summed in increasing order per lane, as in mvq_impl.
 // RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
-// add_norm adds it (CudaOptions::fuse_norm, `mvqa_*`).
+// add_norm adds it (CudaOptions::fuse_norm, `mvqa_*`), y[r] read early
+// (res_early).
 template <int T, int U = Rq<T>::UW / Rq<T>::QW, bool RES = false>
 __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -714,6 +728,7 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
 #pragma unroll
     for (int k = 0; k < U; k++)
         if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
+    float yr = res_early<RES>(y, r, rows, lane);
     PDL_ENTRY();
     float acc = 0.0f;
     for (int u0 = lane; u0 < units; u0 += 32 * U) {
@@ -735,7 +750,7 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
     acc = warp_sum(acc);
     if (lane == 0) {
         float o = acc + (bias ? bias[r] : 0.0f);
-        y[r] = RES ? y[r] + o : o;
+        y[r] = RES ? yr + o : o;
     }
 }
 
@@ -878,8 +893,8 @@ __device__ __forceinline__ int glu_row(int j, int inter, int rows) {
 // NORM (the QKV and gate|up products): xf is the residual stream and normw
 // the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
-// residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it.
-// Either replaces an add_norm launch. GLU (with NORM, the gate|up product of
+// residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it,
+// each row's y[r] read with its first loads (res_early). Either replaces an add_norm launch. GLU (with NORM, the gate|up product of
 // a gated FFN, rows = 2 * inter): act_mul's work too. Each block takes whole
 // ranges of 32 gate and 32 up rows; the warp finishing a range's 64th row
 // applies the activation and product to its 32 pairs exactly as act_mul
@@ -913,6 +928,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         for (int k = 0; k < U; k++)
             if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
     }
+    float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     float gw[NORM ? AN_V : 1];
     if (NORM) {
 #pragma unroll
@@ -946,6 +962,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 #pragma unroll
             for (int k = 0; k < U; k++)
                 if (u0 + 32 * k < units) rload<T>(row, u0 + 32 * k, cols, q[k], &d[k]);
+            if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
         }
         if (end) {
             float v = warp_sum(acc);
@@ -966,8 +983,9 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                 j += nw;
             } else if (lane == 0) {
                 float o = v + (bias ? bias[r] : 0.0f);
-                y[r] = RES ? y[r] + o : o;
+                y[r] = RES ? yr + o : o;
             }
+            yr = yn;
             acc = 0.0f;
         }
         r = rn;
