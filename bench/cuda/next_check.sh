@@ -25,6 +25,7 @@
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
+#   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
@@ -283,6 +284,41 @@ price)
     case "$m:$f" in *hf:mvq*|*gguf:mv[f]*|*gguf:act_mul) continue ;; esac
     echo "$m twice=$f $(KILN_CUDA_TWICE=$f /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done ;;
+wide)
+  # The wide decode attention (NOTES.md item 67; kiln_a / cc_a: main): fixtures (its rows
+  # against the sliced kernels), 1B logits against main's (not bit for bit: another order of
+  # sums), tg256 main / wide to 256 (default) / 512 / 128, timelines.
+  ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0,q4_k_m,q8_0 > /dev/null 2>&1; touch /tmp/pb1.done ) &
+  timeout 300 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  grep -E 'wide' $OUT/checks.txt | head -20
+  while [ ! -f /tmp/pb1.done ]; do sleep 1; done; date -u +%T
+  for t in hf q4_0; do
+    m=$(model_of /tmp/pb1 $t)
+    /tmp/cc_a --logits $m "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $m "$IDS" /tmp/b.bin 2>/dev/null
+    echo "$t: $(python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 128256)"
+  done; date -u +%T
+  VS=("kiln_a" "kiln" "kiln KILN_CUDA_ATT_WIDE_CTX=512" "kiln KILN_CUDA_ATT_WIDE_CTX=128")
+  [ -n "${WIDE_VS:-}" ] && IFS=, read -ra VS <<< "$WIDE_VS"
+  for r in 1 2; do for v in "${VS[@]}"; do for t in q4_0 hf; do
+    set -- $v; b=$1; shift
+    echo "$b $* $t $(env "$@" /tmp/$b bench $(model_of /tmp/pb1 $t) --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done; done
+  for v in "${VS[@]}"; do for t in q4_k_m q8_0; do
+    set -- $v; b=$1; shift
+    echo "$b $* $t $(env "$@" /tmp/$b bench $(model_of /tmp/pb1 $t) --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done
+  # Timelines (wide to 1,024, and off) at steps 40 and 200, Q4_0; bf16 at 40. $WIDE_VS and
+  # $WIDE_TL: other variants / timelines, comma-separated ("kiln_a,kiln X=1"; "" for none).
+  TLS=("1024 q4_0 40" "1024 q4_0 200" "0 q4_0 200" "1024 hf 40" "0 hf 40")
+  [ -n "${WIDE_TL+x}" ] && IFS=, read -ra TLS <<< "$WIDE_TL"
+  for c in "${TLS[@]}"; do
+    set -- $c; f=$OUT/tl_w$1_$2_$3.tsv
+    KILN_CUDA_ATT_WIDE_CTX=$1 KILN_CUDA_TIMELINE=$3 KILN_CUDA_TIMELINE_OUT=$f \
+      /tmp/kiln bench $(model_of /tmp/pb1 $2) --device cuda -p 16 -n 256 -r 1 > /dev/null 2>&1
+    echo "timeline wide<$1 $2 step $3"
+    python3 bench/cuda/timeline.py $f --per-layer 5 --skip 1 --quiet 2>&1 | grep -E '^  [0-4]:|first arrival'
+  done ;;
 timeline)
   # Stamps of single decode steps (NOTES.md item 65; the cache needs the timeline cubin too:
   # KILN_CUDA_TIMELINE=1 cuda_check --precompile sm_90; bench/cuda/timeline.py lays them out):

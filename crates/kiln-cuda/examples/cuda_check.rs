@@ -853,7 +853,8 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
 /// `ty`. `CudaOptions::fuse_qkv`, the decode attention doing qkv_post's work:
 /// the fixtures' heads of 16 and 32 dims never take it (head dim 64 here,
 /// GGUF RoPE pairs; the NeoX halves and Qwen3's head norms were compared
-/// on the device with `--logits`, docs/BENCHMARKS.md).
+/// on the device with `--logits`, docs/BENCHMARKS.md), without the wide
+/// decode attention, which only fused steps take.
 /// `CudaOptions::fuse_norm`, the norms and residual adds inside the GEMVs:
 /// the fixtures take it too, at their widths; here at 2,048 values a row.
 /// `hd` 128: the narrower model of 128-dim heads ([`synth_llama_hd`]).
@@ -869,7 +870,12 @@ fn fused_check(
         o.max_seqs = 2;
         let mut co = CudaOptions::default();
         set(&mut co, fuse);
-        let mut e = cuda_engine_opts(model, o, co)?;
+        // The wide decode attention takes only fused steps: it is compared
+        // with the sliced kernels on its own (grouped_check, Layout::Wide).
+        let mut e = with_env_restored(&["KILN_CUDA_ATT_WIDE"], || {
+            std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
+            cuda_engine_opts(model, o, co)
+        })?;
         let err = |e: kiln_core::EngineError| e.to_string();
         let mut out = e
             .prefill(0, &[11, 12, 13, 14, 15, 16, 17, 18, 19])
@@ -936,16 +942,21 @@ fn fused_check(
 /// 1.7e-2 where float O weights give 5e-7 to 8e-7). There a near tie may
 /// flip an argmax (any flip's top-2 gap is within twice the largest
 /// difference), so those rows hold to the tolerance only.
+/// `Layout::Wide`: the same for the wide decode attention (a block of 32
+/// warps per query head, one slice; every step of up to 4 tokens here)
+/// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
+/// positions spread over 32 warps, merged in shared memory.
 fn grouped_check(
     rows: &mut Vec<Row>,
     ty: GgmlType,
     hd: usize,
     heads: Option<(usize, usize)>,
     f16_kv: bool,
+    layout: Layout,
 ) {
     // The logits, and the vocabulary (a row's length).
     let run =
-        |model: &Arc<Model>, grouped: bool, one_slice: bool| -> Result<(Vec<f32>, usize), String> {
+        |model: &Arc<Model>, on: bool, one_slice: bool| -> Result<(Vec<f32>, usize), String> {
             let mut o = opts();
             o.ctx = 512;
             o.max_seqs = 2;
@@ -957,9 +968,21 @@ fn grouped_check(
                 "KILN_CUDA_ATT_GROUP",
                 "KILN_CUDA_ATT_GROUP_CTX",
                 "KILN_CUDA_ATT_SPLIT",
+                "KILN_CUDA_ATT_WIDE",
+                "KILN_CUDA_ATT_WIDE_CTX",
             ];
             let mut e = with_env_restored(&vars, || {
-                att_switch("KILN_CUDA_ATT_GROUP", grouped);
+                match layout {
+                    Layout::Grouped => {
+                        att_switch("KILN_CUDA_ATT_GROUP", on);
+                        std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
+                    }
+                    Layout::Wide if on => {
+                        std::env::remove_var("KILN_CUDA_ATT_WIDE");
+                        std::env::set_var("KILN_CUDA_ATT_WIDE_CTX", "100000");
+                    }
+                    Layout::Wide => std::env::set_var("KILN_CUDA_ATT_WIDE", "0"),
+                }
                 if one_slice {
                     std::env::set_var("KILN_CUDA_ATT_SPLIT", "1");
                 }
@@ -983,13 +1006,17 @@ fn grouped_check(
     };
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
-    let file = format!("{}, grouped attention{kv}", ty.name());
+    let (what, against, variants) = match layout {
+        Layout::Grouped => ("grouped", "a block per head", &[false, true][..]),
+        Layout::Wide => ("wide", "sliced blocks", &[false][..]),
+    };
+    let file = format!("{}, {what} attention{kv}", ty.name());
     let row = (|| -> Result<Row, String> {
         let model = Arc::new(synth_llama_hd(ty, 2, hd, heads)?);
         let (plain, v) = run(&model, false, false)?;
         let rows_n = plain.len() / v;
         let (mut d, mut same) = (0.0f32, rows_n);
-        for one_slice in [false, true] {
+        for &one_slice in variants {
             let (grouped, _) = run(&model, true, one_slice)?;
             d = d.max(max_abs(&plain, &grouped));
             let agree = (0..rows_n)
@@ -1005,14 +1032,22 @@ fn grouped_check(
         Ok(Row {
             model: model_name.clone(),
             file: file.clone(),
-            against: "a block per head".into(),
+            against: against.into(),
             max_abs: d,
             rel,
             greedy: format!("{same}/{rows_n} argmax"),
             ok: rel <= tol && (same == rows_n || ty.is_quantized()),
         })
     })();
-    rows.push(row.unwrap_or_else(|e| Row::failed(&model_name, &file, "a block per head", &e)));
+    rows.push(row.unwrap_or_else(|e| Row::failed(&model_name, &file, against, &e)));
+}
+
+/// The decode attention layouts [`grouped_check`] compares with the
+/// backend's other one.
+#[derive(Clone, Copy)]
+enum Layout {
+    Grouped,
+    Wide,
 }
 
 /// An attention layout switched by the backend's environment (`var`, e.g.
@@ -1118,7 +1153,18 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::Q8_0, 128, None, true),
         (GgmlType::F16, 64, None, true),
     ] {
-        grouped_check(&mut rows, ty, hd, heads, f16);
+        grouped_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
+    }
+    // The wide decode attention (head dim 64 only): Q8_0 O weights (it
+    // writes their 8-bit input), float (its L2-window kernel), a group of
+    // 7, an f16 cache.
+    for (ty, heads, f16) in [
+        (GgmlType::Q8_0, None, false),
+        (GgmlType::F16, None, false),
+        (GgmlType::Q8_0, Some((28, 4)), false),
+        (GgmlType::F16, None, true),
+    ] {
+        grouped_check(&mut rows, ty, 64, heads, f16, Layout::Wide);
     }
     // And every tiny model (groups of 2 and 1, which take it only when
     // told to) against HF with it from position 0.

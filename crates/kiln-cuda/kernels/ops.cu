@@ -664,6 +664,53 @@ __device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* 
     }
 }
 
+// att_step over the first nv of PRE slots' positions at once (the wide
+// kernels' walk): the scores' dots and shuffles are independent chains,
+// and the softmax rescales once a tile, as att_tile_split does for split
+// lanes. A position at a time, a warp's ~7 positions at 200 were ~4 us of
+// dependent shuffles and exps (NOTES.md item 67).
+template <int DPL, int PRE, typename T>
+__device__ __forceinline__ void att_tile(const float* qv, const T (*kv)[DPL], const T (*vv)[DPL], int nv, int hd,
+                                         int lane, float scale, float softcap, float& m, float& l, float* acc) {
+    float s[PRE];
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        s[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            if (lane + 32 * i < hd) s[j] = __fmaf_rn(qv[i], kv_f(kv[j][i]), s[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < PRE; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        float v = s[j] * scale;
+        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+        s[j] = v;
+        mt = fmaxf(mt, j < nv ? v : -INFINITY);
+    }
+    float mn = fmaxf(m, mt);
+    float corr = __expf(m - mn);
+    m = mn;
+    float e[PRE], le = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        e[j] = j < nv ? __expf(s[j] - mn) : 0.0f;
+        le += e[j];
+    }
+    l = __fmaf_rn(l, corr, le);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        float a = acc[i] * corr;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) a = j < nv ? __fmaf_rn(e[j], kv_f(vv[j][i]), a) : a;
+        acc[i] = lane + 32 * i < hd ? a : 0.0f;
+    }
+}
+
 // The token's own K and V (for KV head kh: kr its K in the QKV row, its V
 // kvd further) as attention holds a head. (Not two att_row calls: K's and
 // V's loads interleaved are what the one-head kernels were measured with.)
@@ -1002,6 +1049,31 @@ __device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>
     for (int j = 0; j < PRE; j++) refill_v(j);
 }
 
+// The end of a wide block (attention_impl's WN = 32 warps, one slice):
+// lane k of a warp reads warp k's (m, l), and warp i sums dims 32 i ..
+// 32 i + 31 over the 32 warps (four chains), then stores them and
+// quantizes them as the O projection's 8-bit block blk0 + i. No partials in
+// global memory, no fence, no counter: that chain (the slice's store, a
+// fence, an atomic, the last block's loads of 16 slices) was ~3.5 of a
+// 1B layer's 6.6 us of attention (NOTES.md item 67).
+template <int DPL>
+__device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl, const float (*sacc)[DPL * 32],
+                                               int hd, int warp, int lane, float* o, i8* xq, float* xqd,
+                                               float* xqs, u64 blk0) {
+    if (warp >= DPL || 32 * warp >= hd) return;
+    int d = lane + 32 * warp;
+    float mk = sm[lane];
+    float M = warp_max(mk);
+    float fk = mk == -INFINITY ? 0.0f : __expf(mk - M);
+    float L = warp_sum(sl[lane] * fk);
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < 32; k++) s[k & 3] = __fmaf_rn(sacc[k][d], __shfl_sync(0xffffffffu, fk, k), s[k & 3]);
+    float v = ((s[0] + s[1]) + (s[2] + s[3])) * (L > 0.0f ? 1.0f / L : 0.0f);
+    if (d < hd) o[d] = v;
+    if (xq) quant_q8_warp(v, lane, blk0 + warp, xq, xqd, xqs);
+}
+
 // FUSED (one token per sequence in the step, causal): qkv_post's work is
 // done here instead. q is then the raw QKV row; every block applies the
 // norm and RoPE to its query heads, the block holding the token's own
@@ -1019,7 +1091,9 @@ __device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>
 // then merge as the one-head kernel does; their sums run in another order,
 // so logits round apart (cuda_check's grouped rows). backend.rs
 // att_head_blocks must agree.
-template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1>
+// WN: warps a block, when not ATT_DEC_WARPS (32: the wide kernels, one
+// slice, att_wide_merge).
+template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -1029,8 +1103,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                float eps, const float* cosb, const float* sinb, int neox,
                                                const u8* pfa = nullptr, u64 pfna = 0, const u8* pfb = nullptr,
                                                u64 pfnb = 0) {
-    constexpr int W = ATT_DEC_WARPS(DPL, G);
+    constexpr int W = WN > 0 ? WN : ATT_DEC_WARPS(DPL, G);
     static_assert(W >= G, "a warp per head for the merges");
+    static_assert(WN == 0 || (WN == 32 && G == 1 && !CLU), "wide blocks: 32 warps, one head");
     __shared__ float sm[G][W], sl[G][W];
     __shared__ float sacc[G][W][DPL * 32];
     __shared__ int last;
@@ -1248,14 +1323,34 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             int p = p0 + j * W;
             if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
         }
-        for (int b = p0; b < lend; b += PRE * W) {
+        if constexpr (WN > 0) {
+            // Whole tiles of PRE slots (att_tile), refilled after each.
+            for (int b = p0; b < lend; b += PRE * W) {
+                // Tiles of two where that covers the warp's positions: a
+                // short context's one or two (below 65) pay no masked slots.
+                int nv = min(PRE, (lend - b + W - 1) / W);
+                if (nv > 2)
+                    att_tile<DPL, PRE>(qv, k0, v0, nv, hd, lane, scale, softcap, m, l, acc);
+                else
+                    att_tile<DPL, 2>(qv, k0, v0, nv, hd, lane, scale, softcap, m, l, acc);
 #pragma unroll
-            for (int j = 0; j < PRE; j++) {
-                int p = b + j * W;
-                if (p < lend) {
-                    att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
-                    int pn = p + PRE * W;
-                    if (pn < lend) load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                for (int j = 0; j < PRE; j++) {
+                    int pn = b + (j + PRE) * W;
+                    if (pn < lend)
+                        load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                }
+            }
+        } else {
+            for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+                for (int j = 0; j < PRE; j++) {
+                    int p = b + j * W;
+                    if (p < lend) {
+                        att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                        int pn = p + PRE * W;
+                        if (pn < lend)
+                            load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                    }
                 }
             }
         }
@@ -1293,6 +1388,13 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     u64 xrow = (u64)t * ostride;
     if (CLU) {
         attention_cluster_merge<DPL, W, G>(sm, sl, sacc, hd, S, sp, warp, lane, h0, gn, ob, xrow, xq, xqd, xqs);
+        return;
+    }
+    if constexpr (WN > 0) {
+        // One slice (the host launches a wide grid with gridDim.z = 1).
+        att_wide_merge<DPL>(sm[0], sl[0], sacc[0], hd, warp, lane, ob + (u64)h0 * hd, xq, xqd, xqs,
+                            (xrow + (u64)h0 * hd) >> 5);
+        tl_mark(4);
         return;
     }
     // Warp g takes head h0 + g from here on (one head: warp 0 alone, no
@@ -1395,6 +1497,21 @@ ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16, 1)
 ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16, 1)
 ATTENTION(attention_dg2_h, attention_fg2_h, 2, false, u16, 4)
 ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
+
+// One block of 32 warps a (query head, token) and no slices, for steps whose
+// positions are all short (head dims up to 64; backend.rs AttReach::Wide):
+// each warp walks every 32nd position, and the block merges its warps in
+// shared memory (att_wide_merge). Fused only, and with an L2 window (FL).
+// 64 registers, as the one-head blocks of 8 warps.
+#define ATTENTION_WIDE(F, FL, KV)                                                                      \
+    extern "C" __global__ void __launch_bounds__(1024, 1) F(ATT_F_PARAMS(KV)) {                       \
+        attention_impl<KV, 2, true, false, false, 1, 32>(ATT_F_ARGS);                                  \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(1024, 1) FL(ATT_F_PARAMS(KV), L2A_PARAMS) {          \
+        attention_impl<KV, 2, true, false, true, 1, 32>(ATT_F_ARGS, L2A_ARGS);                         \
+    }
+ATTENTION_WIDE(attention_fw2, attention_flw2, float)
+ATTENTION_WIDE(attention_fw2_h, attention_flw2_h, u16)
 
 // The F kernels with an L2 window (l2_ahead), for layers whose O projection
 // reads float weights (the backend's AheadPlan); their own kernels so that

@@ -404,6 +404,21 @@ const ATT_GROUP_CTX: usize = 512;
 /// cache, Q4_0 / Q4_K_M / Q8_0 +0.6 / +0.4 / +1.3%; 8B Q4_0 at 256-512: 455
 /// -> 459).
 const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
+/// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
+/// take the wide decode attention ([`AttReach::Wide`], head dim 64, fused):
+/// a block of 32 warps per query head and token, no slices, so no merge
+/// through global memory. [0]: no layer's O projection reads float weights
+/// (1B shape, tg256 from 16: Q4_0 1,929 -> 2,011 tok/s, Q4_K_M +3.8%, Q8_0
+/// +3.3%; bounds 128 and 512 gained 0.2% less); [1]: some does (bf16 +0.4%
+/// with 128, +0.1% with 256: the sliced kernels' 512 blocks issue the O
+/// projection's L2 window, which the attention's time then hides). NOTES.md
+/// item 67. `$KILN_CUDA_ATT_WIDE=0` never, `$KILN_CUDA_ATT_WIDE_CTX` the
+/// bound.
+const ATT_WIDE_CTX: [usize; 2] = [256, 128];
+/// Most tokens a step may have for the wide decode attention: its grid is
+/// one block per (query head, token), so 4 fill ~128 SMs. (Timed with one
+/// sequence only; cuda_check compares two-sequence steps.)
+const ATT_WIDE_TOKENS: usize = 4;
 
 /// How a decode step's attention is laid out, by how far its positions
 /// reach; graphs are keyed by it.
@@ -417,7 +432,12 @@ enum AttReach {
     /// Some position at `att_group_ctx` or past: a block per four query
     /// heads of a KV group (`attention_*g*`).
     Long = 2,
+    /// Few tokens, every position below `att_wide_ctx`: a block of 32
+    /// warps per query head, one slice (`attention_fw2` / `flw2`).
+    Wide = 3,
 }
+/// AttReach's values, for the graphs' keys.
+const ATT_REACHES: usize = 4;
 
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
@@ -821,6 +841,9 @@ struct Kernels {
     attention_grouped: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_fused: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
+    /// The wide decode attention ([`AttReach::Wide`]), fused: `attention_fw2`,
+    /// with an L2 window `attention_flw2`.
+    attention_wide: [cudarc::driver::sys::CUfunction; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -969,6 +992,7 @@ impl Kernels {
             attention_grouped: [kvf(gpu, "attention_dg2")?, kvf(gpu, "attention_dg4")?],
             attention_grouped_fused: [kvf(gpu, "attention_fg2")?, kvf(gpu, "attention_fg4")?],
             attention_grouped_l2w: [kvf(gpu, "attention_flg2")?, kvf(gpu, "attention_flg4")?],
+            attention_wide: [kvf(gpu, "attention_fw2")?, kvf(gpu, "attention_flw2")?],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1193,6 +1217,9 @@ pub struct CudaBackend {
     /// Steps reaching this position take the grouped decode attention
     /// ([`AttReach::Long`]; `usize::MAX`: never).
     att_group_ctx: usize,
+    /// Steps of up to ATT_WIDE_TOKENS tokens below this position take the
+    /// wide decode attention ([`AttReach::Wide`]; 0: never).
+    att_wide_ctx: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -2030,12 +2057,28 @@ impl CudaBackend {
             None if layers.iter().any(|l| l.o.is_float()) => ATT_GROUP_CTX,
             None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
         };
+        // Never with `invariant` (a sequence's logits would depend on what
+        // shares its steps); head dim 64 only (its kernels' registers).
+        let att_wide_ctx = if d.head_dim != 64
+            || opts.invariant
+            || std::env::var("KILN_CUDA_ATT_WIDE").is_ok_and(|v| v == "0")
+        {
+            0
+        } else {
+            std::env::var("KILN_CUDA_ATT_WIDE_CTX")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(ATT_WIDE_CTX[usize::from(layers.iter().any(|l| l.o.is_float()))])
+        };
         let mut be = CudaBackend {
             host_meta: vec![0; ml.total],
             host_samp: vec![0; 4 * b],
             pinned: crate::pinned::PinnedIds::new(b)?,
             row_seqs: Vec::with_capacity(b),
-            graphs: (0..6 * (max_graph + 1) * (att_split.trailing_zeros() as usize + 1))
+            graphs: (0..2
+                * ATT_REACHES
+                * (max_graph + 1)
+                * (att_split.trailing_zeros() as usize + 1))
                 .map(|_| None)
                 .collect(),
             graph_argmax: match std::env::var("KILN_CUDA_GRAPH_ARGMAX").as_deref() {
@@ -2103,6 +2146,7 @@ impl CudaBackend {
             att_cluster_max,
             att_cluster_ctx,
             att_group_ctx,
+            att_wide_ctx,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -3309,7 +3353,19 @@ impl CudaBackend {
                 // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
                 // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
-                if reach == AttReach::Short
+                if reach == AttReach::Wide
+                    && fused
+                    && dpl == 0
+                    && gqa.is_none()
+                    && n <= self.att_split_tokens
+                {
+                    self.gpu.launch(
+                        self.k.attention_wide[usize::from(l2w)],
+                        (d.n_heads as u32, n as u32, 1),
+                        1024,
+                        args.get(),
+                    )?;
+                } else if reach == AttReach::Short
                     && dpl == 1
                     && gqa.is_none()
                     && split >= 2
@@ -3504,7 +3560,9 @@ impl CudaBackend {
             .map(|&p| p as usize)
             .max()
             .unwrap_or(0);
-        if far >= self.att_group_ctx {
+        if batch.len() <= ATT_WIDE_TOKENS && far < self.att_wide_ctx {
+            AttReach::Wide
+        } else if far >= self.att_group_ctx {
             AttReach::Long
         } else if far < self.att_cluster_ctx {
             AttReach::Short
@@ -3533,7 +3591,8 @@ impl CudaBackend {
                 1 => !windowed,
                 _ => true,
             };
-        let gi = 2 * (3 * (n * levels + split.trailing_zeros() as usize) + reach as usize)
+        let gi = 2
+            * (ATT_REACHES * (n * levels + split.trailing_zeros() as usize) + reach as usize)
             + greedy_in_graph as usize;
         let decode_like =
             k == n && gi < self.graphs.len() && self.use_graphs && !repeats_seq(batch);
