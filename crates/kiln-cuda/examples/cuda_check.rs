@@ -943,7 +943,7 @@ fn fused_check(
 /// flip an argmax (any flip's top-2 gap is within twice the largest
 /// difference), so those rows hold to the tolerance only.
 /// `Layout::Wide`: the same for the wide decode attention (a block of 32
-/// warps per query head, one slice; every step of up to 4 tokens here)
+/// or 16 warps per query head, one slice; every step of up to 4 tokens here)
 /// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
 /// positions spread over 32 warps, merged in shared memory.
 fn grouped_check(
@@ -1155,16 +1155,19 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     ] {
         grouped_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
     }
-    // The wide decode attention (head dim 64 only): Q8_0 O weights (it
-    // writes their 8-bit input), float (its L2-window kernel), a group of
+    // The wide decode attention (head dims 64 and 128): Q8_0 O weights (it
+    // writes their 8-bit input), float (its L2-window kernels), a group of
     // 7, an f16 cache.
-    for (ty, heads, f16) in [
-        (GgmlType::Q8_0, None, false),
-        (GgmlType::F16, None, false),
-        (GgmlType::Q8_0, Some((28, 4)), false),
-        (GgmlType::F16, None, true),
+    for (ty, hd, heads, f16) in [
+        (GgmlType::Q8_0, 64, None, false),
+        (GgmlType::F16, 64, None, false),
+        (GgmlType::Q8_0, 64, Some((28, 4)), false),
+        (GgmlType::F16, 64, None, true),
+        (GgmlType::Q8_0, 128, None, false),
+        (GgmlType::F16, 128, None, false),
+        (GgmlType::Q8_0, 128, None, true),
     ] {
-        grouped_check(&mut rows, ty, 64, heads, f16, Layout::Wide);
+        grouped_check(&mut rows, ty, hd, heads, f16, Layout::Wide);
     }
     // And every tiny model (groups of 2 and 1, which take it only when
     // told to) against HF with it from position 0.

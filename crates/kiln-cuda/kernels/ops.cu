@@ -1049,26 +1049,27 @@ __device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>
     for (int j = 0; j < PRE; j++) refill_v(j);
 }
 
-// The end of a wide block (attention_impl's WN = 32 warps, one slice):
-// lane k of a warp reads warp k's (m, l), and warp i sums dims 32 i ..
-// 32 i + 31 over the 32 warps (four chains), then stores them and
+// The end of a wide block (attention_impl's WN = W warps, 32 or 16, one
+// slice): lane k of a warp reads warp k's (m, l), and warp i sums dims 32 i
+// .. 32 i + 31 over the W warps (four chains), then stores them and
 // quantizes them as the O projection's 8-bit block blk0 + i. No partials in
 // global memory, no fence, no counter: that chain (the slice's store, a
 // fence, an atomic, the last block's loads of 16 slices) was ~3.5 of a
 // 1B layer's 6.6 us of attention (NOTES.md item 67).
-template <int DPL>
+template <int DPL, int W>
 __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl, const float (*sacc)[DPL * 32],
                                                int hd, int warp, int lane, float* o, i8* xq, float* xqd,
                                                float* xqs, u64 blk0) {
+    static_assert(W <= 32 && W % 4 == 0, "a lane per warp, four chains");
     if (warp >= DPL || 32 * warp >= hd) return;
     int d = lane + 32 * warp;
-    float mk = sm[lane];
+    float mk = lane < W ? sm[lane] : -INFINITY;
     float M = warp_max(mk);
     float fk = mk == -INFINITY ? 0.0f : __expf(mk - M);
-    float L = warp_sum(sl[lane] * fk);
+    float L = warp_sum(lane < W ? sl[lane] * fk : 0.0f);
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < 32; k++) s[k & 3] = __fmaf_rn(sacc[k][d], __shfl_sync(0xffffffffu, fk, k), s[k & 3]);
+    for (int k = 0; k < W; k++) s[k & 3] = __fmaf_rn(sacc[k][d], __shfl_sync(0xffffffffu, fk, k), s[k & 3]);
     float v = ((s[0] + s[1]) + (s[2] + s[3])) * (L > 0.0f ? 1.0f / L : 0.0f);
     if (d < hd) o[d] = v;
     if (xq) quant_q8_warp(v, lane, blk0 + warp, xq, xqd, xqs);
@@ -1091,8 +1092,8 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
 // then merge as the one-head kernel does; their sums run in another order,
 // so logits round apart (cuda_check's grouped rows). backend.rs
 // att_head_blocks must agree.
-// WN: warps a block, when not ATT_DEC_WARPS (32: the wide kernels, one
-// slice, att_wide_merge).
+// WN: warps a block, when not ATT_DEC_WARPS (the wide kernels, one slice,
+// att_wide_merge: 32 for head dims up to 64, 16 up to 128).
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
@@ -1105,7 +1106,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                u64 pfnb = 0) {
     constexpr int W = WN > 0 ? WN : ATT_DEC_WARPS(DPL, G);
     static_assert(W >= G, "a warp per head for the merges");
-    static_assert(WN == 0 || (WN == 32 && G == 1 && !CLU), "wide blocks: 32 warps, one head");
+    static_assert(WN == 0 || ((WN == 32 || WN == 16) && G == 1 && !CLU), "wide blocks: 32 or 16 warps, one head");
     __shared__ float sm[G][W], sl[G][W];
     __shared__ float sacc[G][W][DPL * 32];
     __shared__ int last;
@@ -1327,7 +1328,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             // Whole tiles of PRE slots (att_tile), refilled after each.
             for (int b = p0; b < lend; b += PRE * W) {
                 // Tiles of two where that covers the warp's positions: a
-                // short context's one or two (below 65) pay no masked slots.
+                // short context's one or two (below 2 W) pay no masked slots.
                 int nv = min(PRE, (lend - b + W - 1) / W);
                 if (nv > 2)
                     att_tile<DPL, PRE>(qv, k0, v0, nv, hd, lane, scale, softcap, m, l, acc);
@@ -1392,8 +1393,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     }
     if constexpr (WN > 0) {
         // One slice (the host launches a wide grid with gridDim.z = 1).
-        att_wide_merge<DPL>(sm[0], sl[0], sacc[0], hd, warp, lane, ob + (u64)h0 * hd, xq, xqd, xqs,
-                            (xrow + (u64)h0 * hd) >> 5);
+        att_wide_merge<DPL, W>(sm[0], sl[0], sacc[0], hd, warp, lane, ob + (u64)h0 * hd, xq, xqd, xqs,
+                               (xrow + (u64)h0 * hd) >> 5);
         tl_mark(4);
         return;
     }
@@ -1498,20 +1499,23 @@ ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16, 1)
 ATTENTION(attention_dg2_h, attention_fg2_h, 2, false, u16, 4)
 ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
 
-// One block of 32 warps a (query head, token) and no slices, for steps whose
-// positions are all short (head dims up to 64; backend.rs AttReach::Wide):
-// each warp walks every 32nd position, and the block merges its warps in
-// shared memory (att_wide_merge). Fused only, and with an L2 window (FL).
-// 64 registers, as the one-head blocks of 8 warps.
-#define ATTENTION_WIDE(F, FL, KV)                                                                      \
-    extern "C" __global__ void __launch_bounds__(1024, 1) F(ATT_F_PARAMS(KV)) {                       \
-        attention_impl<KV, 2, true, false, false, 1, 32>(ATT_F_ARGS);                                  \
+// One block of WN warps a (query head, token) and no slices, for steps whose
+// positions are all short (backend.rs AttReach::Wide): each warp walks every
+// WN-th position, and the block merges its warps in shared memory
+// (att_wide_merge). Fused only, and with an L2 window (FL). Head dims up to
+// 64: 32 warps at 64 registers, as the one-head blocks of 8 warps; up to
+// 128: 16 warps, 128 registers (DPL 4's rows do not fit 64).
+#define ATTENTION_WIDE(F, FL, KV, DPL, WN)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WN, 1) F(ATT_F_PARAMS(KV)) {                    \
+        attention_impl<KV, DPL, true, false, false, 1, WN>(ATT_F_ARGS);                                \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024, 1) FL(ATT_F_PARAMS(KV), L2A_PARAMS) {          \
-        attention_impl<KV, 2, true, false, true, 1, 32>(ATT_F_ARGS, L2A_ARGS);                         \
+    extern "C" __global__ void __launch_bounds__(32 * WN, 1) FL(ATT_F_PARAMS(KV), L2A_PARAMS) {       \
+        attention_impl<KV, DPL, true, false, true, 1, WN>(ATT_F_ARGS, L2A_ARGS);                       \
     }
-ATTENTION_WIDE(attention_fw2, attention_flw2, float)
-ATTENTION_WIDE(attention_fw2_h, attention_flw2_h, u16)
+ATTENTION_WIDE(attention_fw2, attention_flw2, float, 2, 32)
+ATTENTION_WIDE(attention_fw2_h, attention_flw2_h, u16, 2, 32)
+ATTENTION_WIDE(attention_fw4, attention_flw4, float, 4, 16)
+ATTENTION_WIDE(attention_fw4_h, attention_flw4_h, u16, 4, 16)
 
 // The F kernels with an L2 window (l2_ahead), for layers whose O projection
 // reads float weights (the backend's AheadPlan); their own kernels so that

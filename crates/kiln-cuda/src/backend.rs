@@ -405,15 +405,16 @@ const ATT_GROUP_CTX: usize = 512;
 /// -> 459).
 const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
 /// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
-/// take the wide decode attention ([`AttReach::Wide`], head dim 64, fused):
-/// a block of 32 warps per query head and token, no slices, so no merge
+/// take the wide decode attention ([`AttReach::Wide`], head dims 64 and 128,
+/// fused): a block of 32 / 16 warps per query head and token, no slices, so no merge
 /// through global memory. [0]: no layer's O projection reads float weights
-/// (1B shape, tg256 from 16: Q4_0 1,929 -> 2,011 tok/s, Q4_K_M +3.8%, Q8_0
-/// +3.3%; bounds 128 and 512 gained 0.2% less); [1]: some does (bf16 +0.4%
-/// with 128, +0.1% with 256: the sliced kernels' 512 blocks issue the O
-/// projection's L2 window, which the attention's time then hides). NOTES.md
-/// item 67. `$KILN_CUDA_ATT_WIDE=0` never, `$KILN_CUDA_ATT_WIDE_CTX` the
-/// bound.
+/// (tg256 from 16: 1B Q4_0 1,929 -> 2,011 tok/s, Q4_K_M +3.8%, Q8_0 +3.3%,
+/// bounds 128 and 512 gained 0.2% less; 8B Q4_0 501 -> 514, Q8_0 310 ->
+/// 316, bound 128 0.3% less); [1]: some does (1B bf16 +0.4% with 128, +0.1%
+/// with 256; 8B bf16 +0.1% with 128, -0.6% with 256: the sliced kernels'
+/// blocks issue the O projection's L2 window, which the attention's time then
+/// hides). NOTES.md item 67. `$KILN_CUDA_ATT_WIDE=0` never,
+/// `$KILN_CUDA_ATT_WIDE_CTX` the bound.
 const ATT_WIDE_CTX: [usize; 2] = [256, 128];
 /// Most tokens a step may have for the wide decode attention: its grid is
 /// one block per (query head, token), so 4 fill ~128 SMs. (Timed with one
@@ -432,8 +433,9 @@ enum AttReach {
     /// Some position at `att_group_ctx` or past: a block per four query
     /// heads of a KV group (`attention_*g*`).
     Long = 2,
-    /// Few tokens, every position below `att_wide_ctx`: a block of 32
-    /// warps per query head, one slice (`attention_fw2` / `flw2`).
+    /// Few tokens, every position below `att_wide_ctx`: a block of 32 (head
+    /// dim 64) or 16 (128) warps per query head, one slice
+    /// (`attention_fw*` / `flw*`).
     Wide = 3,
 }
 /// AttReach's values, for the graphs' keys.
@@ -841,9 +843,10 @@ struct Kernels {
     attention_grouped: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_fused: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
-    /// The wide decode attention ([`AttReach::Wide`]), fused: `attention_fw2`,
-    /// with an L2 window `attention_flw2`.
-    attention_wide: [cudarc::driver::sys::CUfunction; 2],
+    /// The wide decode attention ([`AttReach::Wide`]), fused, for head dims
+    /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
+    /// `attention_flw2` / `flw4`.
+    attention_wide: [[cudarc::driver::sys::CUfunction; 2]; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -992,7 +995,10 @@ impl Kernels {
             attention_grouped: [kvf(gpu, "attention_dg2")?, kvf(gpu, "attention_dg4")?],
             attention_grouped_fused: [kvf(gpu, "attention_fg2")?, kvf(gpu, "attention_fg4")?],
             attention_grouped_l2w: [kvf(gpu, "attention_flg2")?, kvf(gpu, "attention_flg4")?],
-            attention_wide: [kvf(gpu, "attention_fw2")?, kvf(gpu, "attention_flw2")?],
+            attention_wide: [
+                [kvf(gpu, "attention_fw2")?, kvf(gpu, "attention_flw2")?],
+                [kvf(gpu, "attention_fw4")?, kvf(gpu, "attention_flw4")?],
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -2058,8 +2064,8 @@ impl CudaBackend {
             None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
         };
         // Never with `invariant` (a sequence's logits would depend on what
-        // shares its steps); head dim 64 only (its kernels' registers).
-        let att_wide_ctx = if d.head_dim != 64
+        // shares its steps); head dims 64 and 128 (the fused kernels').
+        let att_wide_ctx = if !matches!(d.head_dim, 64 | 128)
             || opts.invariant
             || std::env::var("KILN_CUDA_ATT_WIDE").is_ok_and(|v| v == "0")
         {
@@ -2479,7 +2485,11 @@ impl CudaBackend {
             FusedLaunch::Preload | FusedLaunch::Float => 256,
         };
         let mut grid = mat.rows.div_ceil(block as usize / 32);
-        if matches!(o.fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. }) {
+        // The streaming residual kernel (`mvqsr*`) loops over rows too: the
+        // 8B's down product as a row a warp was two waves of 256 blocks, the
+        // second arriving ~10 µs after release (NOTES.md item 68).
+        let resident = o.fuse == Fuse::Residual && launch == FusedLaunch::Staged;
+        if resident || matches!(o.fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. }) {
             // What fits resident, each warp looping over rows: the block's
             // norm is taken once, behind its first weight loads. (A row per
             // warp: every later wave of blocks paid it again, in series:
@@ -3355,14 +3365,16 @@ impl CudaBackend {
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
                 if reach == AttReach::Wide
                     && fused
-                    && dpl == 0
+                    && dpl <= 1
                     && gqa.is_none()
                     && n <= self.att_split_tokens
                 {
+                    // 32 warps for head dims up to 64, 16 up to 128 (ops.cu
+                    // ATTENTION_WIDE).
                     self.gpu.launch(
-                        self.k.attention_wide[usize::from(l2w)],
+                        self.k.attention_wide[dpl][usize::from(l2w)],
                         (d.n_heads as u32, n as u32, 1),
-                        1024,
+                        1024 >> dpl,
                         args.get(),
                     )?;
                 } else if reach == AttReach::Short
