@@ -943,7 +943,7 @@ fn fused_check(
 /// flip an argmax (any flip's top-2 gap is within twice the largest
 /// difference), so those rows hold to the tolerance only.
 /// `Layout::Wide`: the same for the wide decode attention (a block of 32
-/// or 16 warps per query head, one slice; every step of up to 4 tokens here)
+/// or 16 warps per query head, one slice; every step of up to 8 tokens here)
 /// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
 /// positions spread over 32 warps, merged in shared memory.
 fn grouped_check(

@@ -416,10 +416,13 @@ const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
 /// hides). NOTES.md item 67. `$KILN_CUDA_ATT_WIDE=0` never,
 /// `$KILN_CUDA_ATT_WIDE_CTX` the bound.
 const ATT_WIDE_CTX: [usize; 2] = [256, 128];
-/// Most tokens a step may have for the wide decode attention: its grid is
-/// one block per (query head, token), so 4 fill ~128 SMs. (Timed with one
-/// sequence only; cuda_check compares two-sequence steps.)
-const ATT_WIDE_TOKENS: usize = 4;
+/// Most tokens a step may have for the wide decode attention (its grid is
+/// one block per query head and token): `kiln bench --batch 1,2,4 -p 128
+/// -n 128`, 1B Q4_0, aggregate tg +1.5 / +5.5 / +11.6% against the sliced
+/// kernels; `--batch 8 -p 64`: 1B Q4_0 3,677 -> 4,060 (+10.5%), 8B Q4_0 869 ->
+/// 895 (+3%). From 16 tokens the GQA-sharing kernels take the step
+/// (`att_gqa_min`). `$KILN_CUDA_ATT_WIDE_TOKENS` sets it (NOTES.md item 67).
+const ATT_WIDE_TOKENS: usize = 8;
 
 /// How a decode step's attention is laid out, by how far its positions
 /// reach; graphs are keyed by it.
@@ -1223,9 +1226,11 @@ pub struct CudaBackend {
     /// Steps reaching this position take the grouped decode attention
     /// ([`AttReach::Long`]; `usize::MAX`: never).
     att_group_ctx: usize,
-    /// Steps of up to ATT_WIDE_TOKENS tokens below this position take the
+    /// Steps of up to `att_wide_tokens` tokens below this position take the
     /// wide decode attention ([`AttReach::Wide`]; 0: never).
     att_wide_ctx: usize,
+    /// ATT_WIDE_TOKENS, or `$KILN_CUDA_ATT_WIDE_TOKENS`.
+    att_wide_tokens: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -2153,6 +2158,10 @@ impl CudaBackend {
             att_cluster_ctx,
             att_group_ctx,
             att_wide_ctx,
+            att_wide_tokens: std::env::var("KILN_CUDA_ATT_WIDE_TOKENS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(ATT_WIDE_TOKENS),
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -3572,7 +3581,7 @@ impl CudaBackend {
             .map(|&p| p as usize)
             .max()
             .unwrap_or(0);
-        if batch.len() <= ATT_WIDE_TOKENS && far < self.att_wide_ctx {
+        if batch.len() <= self.att_wide_tokens && far < self.att_wide_ctx {
             AttReach::Wide
         } else if far >= self.att_group_ctx {
             AttReach::Long
