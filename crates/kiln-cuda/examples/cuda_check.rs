@@ -945,7 +945,7 @@ fn fused_check(
 /// `Layout::Wide`: the same for the wide decode attention (a block of 32
 /// or 16 warps per query head, one slice; every step of up to 8 tokens here)
 /// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
-/// positions spread over 32 warps, merged in shared memory.
+/// positions spread over 32 or 16 warps, merged in shared memory.
 fn grouped_check(
     rows: &mut Vec<Row>,
     ty: GgmlType,

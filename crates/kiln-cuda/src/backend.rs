@@ -413,8 +413,9 @@ const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
 /// 316, bound 128 0.3% less); [1]: some does (1B bf16 +0.4% with 128, +0.1%
 /// with 256; 8B bf16 +0.1% with 128, -0.6% with 256: the sliced kernels'
 /// blocks issue the O projection's L2 window, which the attention's time then
-/// hides). NOTES.md item 67. `$KILN_CUDA_ATT_WIDE=0` never,
-/// `$KILN_CUDA_ATT_WIDE_CTX` the bound.
+/// hides). Past 256 the grouped kernels win (positions 256-512, bound 512
+/// against 256: 1B Q4_0 -5.5%, 8B -4.3%). NOTES.md item 67.
+/// `$KILN_CUDA_ATT_WIDE=0` never, `$KILN_CUDA_ATT_WIDE_CTX` the bound.
 const ATT_WIDE_CTX: [usize; 2] = [256, 128];
 /// Most tokens a step may have for the wide decode attention (its grid is
 /// one block per query head and token): `kiln bench --batch 1,2,4 -p 128
@@ -2069,8 +2070,12 @@ impl CudaBackend {
             None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
         };
         // Never with `invariant` (a sequence's logits would depend on what
-        // shares its steps); head dims 64 and 128 (the fused kernels').
+        // shares its steps); only where decode steps fuse qkv_post (head
+        // dims 64 and 128, causal): other steps would fall back to the
+        // sliced kernels without the cluster merge.
         let att_wide_ctx = if !matches!(d.head_dim, 64 | 128)
+            || !opts.fuse_qkv
+            || !d.causal
             || opts.invariant
             || std::env::var("KILN_CUDA_ATT_WIDE").is_ok_and(|v| v == "0")
         {
@@ -2494,9 +2499,10 @@ impl CudaBackend {
             FusedLaunch::Preload | FusedLaunch::Float => 256,
         };
         let mut grid = mat.rows.div_ceil(block as usize / 32);
-        // The streaming residual kernel (`mvqsr*`) loops over rows too: the
-        // 8B's down product as a row a warp was two waves of 256 blocks, the
-        // second arriving ~10 µs after release (NOTES.md item 68).
+        // The streaming residual kernel (`mvqsr*`) loops over rows too, so it
+        // gets the same resident grid: the 8B's down product as a row a warp
+        // was two waves of 256 blocks (tg256 the same either way, NOTES.md
+        // item 68).
         let resident = o.fuse == Fuse::Residual && launch == FusedLaunch::Staged;
         if resident || matches!(o.fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. }) {
             // What fits resident, each warp looping over rows: the block's
