@@ -41,8 +41,8 @@ def load(path):
         out.append(
             {
                 "gid": gid,
-                "blocks": shape >> 40,
-                "threads": (shape >> 30) & 0x3FF,
+                "blocks": shape >> 41,
+                "threads": (shape >> 30) & 0x7FF,
                 "stamped": len(rows),
                 "first_in": min(r[2] for r in rows),
                 "last_in": max(r[2] for r in rows),

@@ -30,8 +30,8 @@ typedef unsigned long long u64;
 // after the wait, and at `tl_mark`s, into its own slot of a host-allocated
 // ring (grid launch number mod TL_GRIDS, block): plain stores only, so the
 // stamps barely move what they measure (an atomic append cost ~3 us a
-// layer). A slot: [before, after, mark 1..5, shape << 40 | threads << 30 |
-// SM << 22 | TL_SEEN]. The ring's shape (TL_GRIDS, TL_BLOCKS, TL_WORDS,
+// layer). A slot: [before, after, mark 1..5, blocks << 41 | threads << 30 |
+// SM << 22 | TL_SEEN] (11 bits of threads: 1,024-thread blocks). The ring's shape (TL_GRIDS, TL_BLOCKS, TL_WORDS,
 // TL_SEEN) comes from the host's NVRTC options (gpu.rs), which reads it.
 __device__ u64* kiln_tl_ptr;
 __device__ __forceinline__ u64 tl_now() {
@@ -79,7 +79,7 @@ __device__ __forceinline__ void pdl_wait() {
         u64 nblk = (u64)gridDim.x * gridDim.y * gridDim.z;
         s[0] = t0;
         s[1] = t1;
-        s[TL_WORDS - 1] = (nblk << 40) | ((u64)blockDim.x << 30) | ((u64)sm << 22) | TL_SEEN;
+        s[TL_WORDS - 1] = (nblk << 41) | ((u64)blockDim.x << 30) | ((u64)sm << 22) | TL_SEEN;
     }
 #endif
 }

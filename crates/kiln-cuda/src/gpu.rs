@@ -777,7 +777,7 @@ impl Gpu {
 
     /// The stamps since [`Gpu::timeline_reset`], one row per block that
     /// waited: [grid slot, block, before the wait, after it, marks 1..5
-    /// (0: not reached), blocks << 40 | threads << 30 | SM << 22].
+    /// (0: not reached), blocks << 41 | threads << 30 | SM << 22].
     pub fn timeline_read(&self) -> CuResult<Vec<[u64; 10]>> {
         self.sync()?;
         let buf = self.tl_buf.borrow();
