@@ -871,7 +871,7 @@ fn fused_check(
         let mut co = CudaOptions::default();
         set(&mut co, fuse);
         // The wide decode attention takes only fused steps: it is compared
-        // with the sliced kernels on its own (grouped_check, Layout::Wide).
+        // with the sliced kernels on its own (layout_check, Layout::Wide).
         let mut e = with_env_restored(&["KILN_CUDA_ATT_WIDE"], || {
             std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
             cuda_engine_opts(model, o, co)
@@ -923,7 +923,8 @@ fn fused_check(
     }));
 }
 
-/// The grouped decode attention (a block per four query heads of a KV
+/// A decode attention layout against the backend's other kernels.
+/// `Layout::Grouped`: the grouped decode attention (a block per four query heads of a KV
 /// group; from position 8 here, `KILN_CUDA_ATT_GROUP_CTX`) against a block
 /// per head (`KILN_CUDA_ATT_GROUP=0`) on a 2-layer synthetic model
 /// ([`synth_llama_hd`]): the logits of a 300-token prompt (chunks of 7),
@@ -946,7 +947,7 @@ fn fused_check(
 /// or 16 warps per query head, one slice; every step of up to 8 tokens here)
 /// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
 /// positions spread over 32 or 16 warps, merged in shared memory.
-fn grouped_check(
+fn layout_check(
     rows: &mut Vec<Row>,
     ty: GgmlType,
     hd: usize,
@@ -1042,7 +1043,7 @@ fn grouped_check(
     rows.push(row.unwrap_or_else(|e| Row::failed(&model_name, &file, against, &e)));
 }
 
-/// The decode attention layouts [`grouped_check`] compares with the
+/// The decode attention layouts [`layout_check`] compares with the
 /// backend's other one.
 #[derive(Clone, Copy)]
 enum Layout {
@@ -1153,7 +1154,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::Q8_0, 128, None, true),
         (GgmlType::F16, 64, None, true),
     ] {
-        grouped_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
+        layout_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
     }
     // The wide decode attention (head dims 64 and 128): Q8_0 O weights (it
     // writes their 8-bit input), float (its L2-window kernels), a group of
@@ -1167,7 +1168,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::F16, 128, None, false),
         (GgmlType::Q8_0, 128, None, true),
     ] {
-        grouped_check(&mut rows, ty, hd, heads, f16, Layout::Wide);
+        layout_check(&mut rows, ty, hd, heads, f16, Layout::Wide);
     }
     // And every tiny model (groups of 2 and 1, which take it only when
     // told to) against HF with it from position 0.

@@ -31,8 +31,9 @@ typedef unsigned long long u64;
 // ring (grid launch number mod TL_GRIDS, block): plain stores only, so the
 // stamps barely move what they measure (an atomic append cost ~3 us a
 // layer). A slot: [before, after, mark 1..5, blocks << 41 | threads << 30 |
-// SM << 22 | TL_SEEN] (11 bits of threads: 1,024-thread blocks). The ring's shape (TL_GRIDS, TL_BLOCKS, TL_WORDS,
-// TL_SEEN) comes from the host's NVRTC options (gpu.rs), which reads it.
+// SM << 22 | TL_SEEN] (11 bits of threads: 1,024-thread blocks). The ring's
+// shape (TL_GRIDS, TL_BLOCKS, TL_WORDS, TL_SEEN) comes from the host's NVRTC
+// options (gpu.rs), which reads it.
 __device__ u64* kiln_tl_ptr;
 __device__ __forceinline__ u64 tl_now() {
     u64 t;

@@ -894,8 +894,9 @@ __device__ __forceinline__ int glu_row(int j, int inter, int rows) {
 // the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
 // residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as add_norm adds it,
-// each row's y[r] read with its first loads (res_early). Either replaces an add_norm launch. GLU (with NORM, the gate|up product of
-// a gated FFN, rows = 2 * inter): act_mul's work too. Each block takes whole
+// each row's y[r] read with its first loads (res_early). Either replaces an
+// add_norm launch. GLU (with NORM, the gate|up product of a gated FFN,
+// rows = 2 * inter): act_mul's work too. Each block takes whole
 // ranges of 32 gate and 32 up rows; the warp finishing a range's 64th row
 // applies the activation and product to its 32 pairs exactly as act_mul
 // does and quantizes them into oq / od / os, the down product's 8-bit x (y

@@ -664,6 +664,35 @@ __device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* 
     }
 }
 
+// A tile of PRE scores (the first nv count) into an online softmax (m, l):
+// each score scaled (and soft-capped) in place, m raised to the tile's
+// maximum once, e[j] the positions' weights, l rescaled and added to; the
+// correction for what was accumulated is returned. att_tile and
+// att_tile_split share it.
+template <int PRE>
+__device__ __forceinline__ float att_tile_softmax(float* s, int nv, float scale, float softcap, float& m, float& l,
+                                                  float* e) {
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        float v = s[j] * scale;
+        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+        s[j] = v;
+        mt = fmaxf(mt, j < nv ? v : -INFINITY);
+    }
+    float mn = fmaxf(m, mt);
+    float corr = __expf(m - mn);
+    m = mn;
+    float le = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        e[j] = j < nv ? __expf(s[j] - mn) : 0.0f;
+        le += e[j];
+    }
+    l = __fmaf_rn(l, corr, le);
+    return corr;
+}
+
 // att_step over the first nv of PRE slots' positions at once (the wide
 // kernels' walk): the scores' dots and shuffles are independent chains,
 // and the softmax rescales once a tile, as att_tile_split does for split
@@ -684,24 +713,8 @@ __device__ __forceinline__ void att_tile(const float* qv, const T (*kv)[DPL], co
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
         for (int j = 0; j < PRE; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
-    float mt = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < PRE; j++) {
-        float v = s[j] * scale;
-        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
-        s[j] = v;
-        mt = fmaxf(mt, j < nv ? v : -INFINITY);
-    }
-    float mn = fmaxf(m, mt);
-    float corr = __expf(m - mn);
-    m = mn;
-    float e[PRE], le = 0.0f;
-#pragma unroll
-    for (int j = 0; j < PRE; j++) {
-        e[j] = j < nv ? __expf(s[j] - mn) : 0.0f;
-        le += e[j];
-    }
-    l = __fmaf_rn(l, corr, le);
+    float e[PRE];
+    float corr = att_tile_softmax<PRE>(s, nv, scale, softcap, m, l, e);
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         float a = acc[i] * corr;
@@ -1016,24 +1029,10 @@ __device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>
             for (int k = 0; k < NP; k++) s[j][k] += __shfl_xor_sync(0xffffffffu, s[j][k], o);
 #pragma unroll
     for (int k = 0; k < NP; k++) {
-        float mt = -INFINITY;
+        float sk[PRE], e[PRE];
 #pragma unroll
-        for (int j = 0; j < PRE; j++) {
-            float v = s[j][k] * scale;
-            if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
-            s[j][k] = v;
-            mt = fmaxf(mt, j < nv ? v : -INFINITY);
-        }
-        float mn = fmaxf(m[k], mt);
-        float corr = __expf(m[k] - mn);
-        m[k] = mn;
-        float e[PRE], le = 0.0f;
-#pragma unroll
-        for (int j = 0; j < PRE; j++) {
-            e[j] = j < nv ? __expf(s[j][k] - mn) : 0.0f;
-            le += e[j];
-        }
-        l[k] = __fmaf_rn(l[k], corr, le);
+        for (int j = 0; j < PRE; j++) sk[j] = s[j][k];
+        float corr = att_tile_softmax<PRE>(sk, nv, scale, softcap, m[k], l[k], e);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             float a = acc[k][i] * corr;

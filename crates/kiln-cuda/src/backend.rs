@@ -379,6 +379,12 @@ impl FlashCall {
     }
 }
 
+/// `$name` parsed as a T (surrounding blanks ignored); None when unset or
+/// not a T.
+fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
 /// Most slices one decode attention (query head, token) is split into.
 const ATT_SPLIT_MAX: usize = 16;
 /// Most that `$KILN_CUDA_ATT_SPLIT` may ask for: what att_merge takes.
@@ -443,7 +449,7 @@ enum AttReach {
     Wide = 3,
 }
 /// AttReach's values, for the graphs' keys.
-const ATT_REACHES: usize = 4;
+const ATT_REACHES: usize = AttReach::Wide as usize + 1;
 
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
@@ -559,14 +565,8 @@ impl Default for CudaOptions {
             gpu_mem: std::env::var("KILN_GPU_MEM")
                 .ok()
                 .and_then(|v| parse_bytes(&v)),
-            gemm_min: std::env::var("KILN_CUDA_GEMM_MIN")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(16),
-            gemm_min_float: std::env::var("KILN_CUDA_GEMM_MIN_FLOAT")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(8),
+            gemm_min: env_parse("KILN_CUDA_GEMM_MIN").unwrap_or(16),
+            gemm_min_float: env_parse("KILN_CUDA_GEMM_MIN_FLOAT").unwrap_or(8),
             exact: std::env::var("KILN_CUDA_EXACT").is_ok_and(|v| v == "1"),
             invariant: std::env::var("KILN_CUDA_INVARIANT").is_ok_and(|v| v == "1"),
             fuse_qkv: std::env::var("KILN_CUDA_FUSE_QKV").map_or(true, |v| v != "0"),
@@ -1753,9 +1753,7 @@ impl CudaBackend {
         };
         // `$KILN_CUDA_ATT_SPLIT=S` splits every decode attention into up to
         // S slices of one position or more (tests of the merge).
-        let forced = std::env::var("KILN_CUDA_ATT_SPLIT")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
+        let forced = env_parse::<usize>("KILN_CUDA_ATT_SPLIT");
         let att_blocks = if forced.is_some() || opts.invariant {
             usize::MAX
         } else {
@@ -1778,10 +1776,7 @@ impl CudaBackend {
         } else {
             1
         };
-        let att_gemm_min = std::env::var("KILN_CUDA_ATT_GEMM_MIN")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(ATT_GEMM_MIN);
+        let att_gemm_min = env_parse::<usize>("KILN_CUDA_ATT_GEMM_MIN").unwrap_or(ATT_GEMM_MIN);
         // The flash kernel keeps scores on chip: its chunks need only the
         // gathered f16 K/V.
         let flash = (gpu.info.cc.0 >= 8
@@ -1875,10 +1870,7 @@ impl CudaBackend {
         let att_cluster_ctx = match att_cluster.as_deref() {
             _ if att_cluster_max < 2 || !(65..=128).contains(&d.head_dim) => 0,
             Some("1") => usize::MAX,
-            _ => std::env::var("KILN_CUDA_ATT_CLUSTER_CTX")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(ATT_CLUSTER_CTX),
+            _ => env_parse("KILN_CUDA_ATT_CLUSTER_CTX").unwrap_or(ATT_CLUSTER_CTX),
         };
         // A/B switch: the earlier one-token kernels instead of the streaming ones.
         if std::env::var("KILN_CUDA_MVQS").is_ok_and(|v| v == "0") {
@@ -2043,6 +2035,9 @@ impl CudaBackend {
             deq_elems,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
+        // Whether some layer's O projection reads float weights: the decode
+        // attention then issues its L2 window, and its layouts' bounds move.
+        let float_o = layers.iter().any(|l| l.o.is_float());
         // The grouped kernels exist for head dims up to 128 that 8 divides
         // (a lane takes whole 16-byte words of 8 dims: ops.cu SplitLanes);
         // by default a group of two or one (half or more of a block's heads
@@ -2053,10 +2048,7 @@ impl CudaBackend {
         // grouped kernels round apart from the one-head ones, so a
         // sequence's logits would depend on what shares its steps.
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-        let att_group_ctx = match std::env::var("KILN_CUDA_ATT_GROUP_CTX")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-        {
+        let att_group_ctx = match env_parse::<usize>("KILN_CUDA_ATT_GROUP_CTX") {
             _ if d.head_dim > 128
                 || d.head_dim % 8 != 0
                 || opts.invariant
@@ -2066,7 +2058,7 @@ impl CudaBackend {
             }
             Some(c) => c,
             None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
-            None if layers.iter().any(|l| l.o.is_float()) => ATT_GROUP_CTX,
+            None if float_o => ATT_GROUP_CTX,
             None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
         };
         // Never with `invariant` (a sequence's logits would depend on what
@@ -2081,10 +2073,7 @@ impl CudaBackend {
         {
             0
         } else {
-            std::env::var("KILN_CUDA_ATT_WIDE_CTX")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(ATT_WIDE_CTX[usize::from(layers.iter().any(|l| l.o.is_float()))])
+            env_parse("KILN_CUDA_ATT_WIDE_CTX").unwrap_or(ATT_WIDE_CTX[usize::from(float_o)])
         };
         let mut be = CudaBackend {
             host_meta: vec![0; ml.total],
@@ -2143,9 +2132,7 @@ impl CudaBackend {
             fuse_norm: false,
             fuse_glu: opts.fuse_glu,
             kv: opts.kv,
-            norm_blocks: std::env::var("KILN_CUDA_NORM_BLOCKS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok()),
+            norm_blocks: env_parse("KILN_CUDA_NORM_BLOCKS"),
             l2_ahead: if gpu.info.cc.0 >= 9 {
                 std::env::var("KILN_CUDA_L2PF")
                     .ok()
@@ -2163,17 +2150,11 @@ impl CudaBackend {
             att_cluster_ctx,
             att_group_ctx,
             att_wide_ctx,
-            att_wide_tokens: std::env::var("KILN_CUDA_ATT_WIDE_TOKENS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(ATT_WIDE_TOKENS),
+            att_wide_tokens: env_parse("KILN_CUDA_ATT_WIDE_TOKENS").unwrap_or(ATT_WIDE_TOKENS),
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
-                std::env::var("KILN_CUDA_ATT_GQA_MIN")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(ATT_GQA_MIN_TOKENS)
+                env_parse("KILN_CUDA_ATT_GQA_MIN").unwrap_or(ATT_GQA_MIN_TOKENS)
             },
             att_split_tokens,
             blas_note,
