@@ -226,6 +226,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
                                 rms_val(xs[k].z, finv, gs[k].z), rms_val(xs[k].w, finv, gs[k].w));
     }
     __syncthreads();
+    tl_mark(1);
     while (r < rows) {
         float acc = mvf_row<T, true>((const uint4*)(W + (u64)r * row_bytes), chunks, lane, wv, sx);
         int rn = r + rstep;
@@ -241,6 +242,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
         if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
         r = rn;
     }
+    tl_mark(2);
 }
 
 // mvf_* and its fused-norm (mvfn_*) and residual (mvfr_*) versions.
