@@ -288,11 +288,11 @@ wide)
   # The wide decode attention (NOTES.md item 67; kiln_a / cc_a: main): fixtures (its rows
   # against the sliced kernels), 1B logits against main's (not bit for bit: another order of
   # sums), tg256 main / wide to 256 (default) / 512 / 128, timelines.
-  ( /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0,q4_k_m,q8_0 > /dev/null 2>&1; touch /tmp/pb1.done ) &
+  /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0,q4_k_m,q8_0 > /dev/null 2>&1 &
   timeout 300 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
   grep -E 'wide' $OUT/checks.txt | head -20
-  while [ ! -f /tmp/pb1.done ]; do sleep 1; done; date -u +%T
+  wait; date -u +%T
   for t in hf q4_0; do
     m=$(model_of /tmp/pb1 $t)
     /tmp/cc_a --logits $m "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $m "$IDS" /tmp/b.bin 2>/dev/null
@@ -300,14 +300,13 @@ wide)
   done; date -u +%T
   VS=("kiln_a" "kiln" "kiln KILN_CUDA_ATT_WIDE_CTX=512" "kiln KILN_CUDA_ATT_WIDE_CTX=128")
   [ -n "${WIDE_VS:-}" ] && IFS=, read -ra VS <<< "$WIDE_VS"
-  for r in 1 2; do for v in "${VS[@]}"; do for t in q4_0 hf; do
-    set -- $v; b=$1; shift
+  # tg256 of variant $1 ("binary VAR=v ...") on type $2.
+  wide_tg() {
+    local t=$2; set -- $1; local b=$1; shift
     echo "$b $* $t $(env "$@" /tmp/$b bench $(model_of /tmp/pb1 $t) --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done; done
-  for v in "${VS[@]}"; do for t in q4_k_m q8_0; do
-    set -- $v; b=$1; shift
-    echo "$b $* $t $(env "$@" /tmp/$b bench $(model_of /tmp/pb1 $t) --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done
+  }
+  for r in 1 2; do for v in "${VS[@]}"; do for t in q4_0 hf; do wide_tg "$v" $t; done; done; done
+  for v in "${VS[@]}"; do for t in q4_k_m q8_0; do wide_tg "$v" $t; done; done
   # Timelines (wide to 1,024, and off) at steps 40 and 200, Q4_0; bf16 at 40. $WIDE_VS and
   # $WIDE_TL: other variants / timelines, comma-separated ("kiln_a,kiln X=1"; "" for none).
   TLS=("1024 q4_0 40" "1024 q4_0 200" "0 q4_0 200" "1024 hf 40" "0 hf 40")

@@ -12,10 +12,13 @@ consecutive releases price each kernel on the step's critical path, boundary
 included; how long a grid's blocks sat resident before that release says how
 much of its prologue (weight preloads) overlapped the kernel before.
 
-usage: timeline.py STAMPS.tsv [--per-layer K [--skip S]] [--quiet]
+usage: timeline.py STAMPS.tsv [--per-layer K [--skip S]] [--by-sm N] [--quiet]
   --per-layer K: kernels a layer (groups the middle of the step by position
   in the layer, e.g. 5 for a fused 1B Q4_0 layer); --skip S: kernels before
   the first layer (1 there: embed)
+  --by-sm N: for every grid of N stamped blocks, its blocks' arrivals and
+  marks 1 and 2 after its release (10/50/90% and last), how many SMs held
+  how many of its blocks, and when each group's SMs were done (mark 2)
 """
 import argparse
 import statistics
@@ -50,6 +53,7 @@ def load(path):
                 "last_out": max(r[3] for r in rows),
                 "sms": len({(r[9] >> 22) & 0xFF for r in rows}),
                 "marks": marks,
+                "rows": rows,
             }
         )
     out.sort(key=lambda g: g["release"])
@@ -62,6 +66,7 @@ def main():
     ap.add_argument("--per-layer", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="kernels before the first layer")
     ap.add_argument("--quiet", action="store_true", help="summary only")
+    ap.add_argument("--by-sm", type=int, default=0, help="grids of this many stamped blocks, by SM")
     a = ap.parse_args()
     g = load(a.stamps)
     if not g:
@@ -129,6 +134,36 @@ def main():
                     f"      mark {m}: after release, median block {statistics.median(med):6.2f},"
                     f" last block {statistics.median(mx):6.2f} (medians over kernels)"
                 )
+    if a.by_sm:
+        by_sm(g, a.by_sm)
+
+
+def by_sm(g, n):
+    """--by-sm: the grids of n stamped blocks, block by block and SM by SM."""
+
+    def q(v):
+        v = sorted(v)
+        return " ".join(f"{v[int(p * (len(v) - 1))]:6.2f}" for p in (0.1, 0.5, 0.9, 1.0)) if v else "-"
+
+    print(f"grids of {n} blocks, us after release: 10% / median / 90% / last")
+    for i, k in enumerate(g):
+        if k["stamped"] != n:
+            continue
+        rel = k["release"]
+        after = lambda col: [(r[col] - rel) / 1e3 for r in k["rows"] if r[col]]
+        nxt = (g[i + 1]["release"] - rel) / 1e3 if i + 1 < len(g) else 0.0
+        print(f"  grid {i}: next release {nxt:6.2f}")
+        for name, col in (("arrival", 2), ("mark 1", 4), ("mark 2", 5)):
+            print(f"    {name:8s} {q(after(col))}")
+        per_sm = defaultdict(list)
+        for r in k["rows"]:
+            per_sm[(r[9] >> 22) & 0xFF].append(r)
+        held = defaultdict(list)
+        for rs in per_sm.values():
+            if all(r[5] for r in rs):
+                held[len(rs)].append(max((r[5] - rel) / 1e3 for r in rs))
+        for b in sorted(held):
+            print(f"    {len(held[b]):3d} SMs with {b} blocks done {q(held[b])}")
 
 
 if __name__ == "__main__":
