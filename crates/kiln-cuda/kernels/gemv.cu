@@ -1025,6 +1025,9 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }                                                                                                 \
     MVQSN(TNAME, T, U)                                                                                \
+    MVQSR(TNAME, T, U)
+
+#define MVQSR(TNAME, T, U)                                                                            \
     extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                   const i8* xq, const float* xd, const float* xs,      \
                                                   float* y, const float* bias) {                       \
@@ -1037,6 +1040,9 @@ MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)
 MVQSN(q6_kr, T_Q6_KR, 4)
 MVQSN(q6_kr, T_Q6_KR, 2)
+MVQSR(q4_kr, T_Q4_KR, 2)
+MVQSR(q5_kr, T_Q5_KR, 2)
+MVQSR(q6_kr, T_Q6_KR, 4)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.

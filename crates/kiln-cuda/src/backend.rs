@@ -232,12 +232,16 @@ pub(crate) fn mvqs_kernel(
 }
 
 /// The fused-norm kernels (`mvqsn{U}_*`, the staging streaming kernel) and
-/// residual-add kernels (`mvqa_*`) of the types whose one-token GEMV is the
-/// register-preloading `mvq_*r`: kernel-table index, name suffix and units
-/// a lane in flight (`mvqr_impl`'s, so the same words in flight). Q8_0
-/// is left out: staged, its products lost to `mvq_q8_0r` fed by a separate
-/// add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2 with the GLU
-/// epilogue; NOTES.md item 38), as `mvqs_kernel` found for its plain GEMV.
+/// residual-add kernels (`mvqsr{U}_*`, the streaming kernel on a resident
+/// grid; `mvqa_*`, the register-preloading one, with `KILN_CUDA_KRES=0`) of
+/// the types whose one-token GEMV is the register-preloading `mvq_*r`:
+/// kernel-table index, name suffix and units a lane in flight
+/// (`mvqr_impl`'s, so the same words in flight). The streaming residual
+/// kernel: 8B Q4_K_M tg256 445 -> 457 tok/s, 1B 1,822 -> 1,830 (NOTES.md
+/// item 70). Q8_0 is left out: staged, its products lost to `mvq_q8_0r`
+/// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
+/// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
+/// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
 fn mvqp_fused_types() -> [(usize, &'static str, usize); 3] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
@@ -808,6 +812,8 @@ struct Kernels {
     /// (`mvqa_*`); indexed as `mvq`, [for `mvq`, for `mvq2`].
     mvqpn: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     mvqa: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
+    /// The streaming residual kernel (`mvqsr{U}_*`) for those types.
+    mvqpr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
     /// and `mvqpn`'s the same way.
     mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
@@ -893,6 +899,7 @@ impl Kernels {
         let mut mvqsr = vec![None; 64];
         let mut mvqpn = vec![[None; 2]; 64];
         let mut mvqa = vec![[None; 2]; 64];
+        let mut mvqpr = vec![None; 64];
         let mut mvqsg = vec![None; 64];
         let mut mvqpg = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
@@ -947,7 +954,12 @@ impl Kernels {
             mvqpg[id][1] = Some(gpu.func(&format!("mvqsg2_{n}"))?);
             mvqa[id][1] = Some(gpu.func(&format!("mvqa2_{n}"))?);
         }
+        // A/B switch: `mvqa_*` for their residual adds instead.
+        let kres = std::env::var("KILN_CUDA_KRES").map_or(true, |v| v != "0");
         for (id, n, u) in mvqp_fused_types() {
+            if kres {
+                mvqpr[id] = Some(gpu.func(&format!("mvqsr{u}_{n}"))?);
+            }
             mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
             mvqpg[id][0] = Some(gpu.func(&format!("mvqsg{u}_{n}"))?);
             mvqa[id][0] = Some(gpu.func(&format!("mvqa_{n}"))?);
@@ -963,6 +975,7 @@ impl Kernels {
             mvqsr,
             mvqpn,
             mvqa,
+            mvqpr,
             mvqsg,
             mvqpg,
             mvfn,
@@ -1350,16 +1363,18 @@ impl HostMat {
     }
 }
 
-/// Uploads matrices as one projection: one buffer when all types agree.
+/// Uploads matrices as one projection: each run of consecutive matrices of
+/// one type as one buffer, so one kernel takes it (a Q4_K_M layer's Q and K
+/// together, its Q6_K V apart).
 fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<Proj> {
     let rows: usize = mats.iter().map(|h| h.rows).sum();
-    let same = mats.windows(2).all(|w| w[0].ty == w[1].ty);
     let mut parts = Vec::new();
-    if same {
-        let total: usize = mats.iter().map(HostMat::device_bytes).sum();
+    let mut r0 = 0;
+    for run in mats.chunk_by(|a, b| a.ty == b.ty) {
+        let total: usize = run.iter().map(HostMat::device_bytes).sum();
         let buf = Arc::new(DevBuf::alloc(total)?);
         let mut off = 0usize;
-        for h in &mats {
+        for h in run {
             let data = h.bytes(m);
             let n = h.device_bytes();
             let src = data.get(..n).ok_or_else(|| {
@@ -1372,44 +1387,21 @@ fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<
             unsafe { crate::gpu::upload_landed(buf.ptr + off as u64, src)? };
             off += n;
         }
-        let h0 = &mats[0];
+        let h0 = &run[0];
+        let run_rows: usize = run.iter().map(|h| h.rows).sum();
         parts.push((
             DMat {
                 buf,
                 off: 0,
                 ty: h0.ty,
-                rows,
+                rows: run_rows,
                 cols: h0.cols,
                 row_bytes: h0.row_bytes(),
                 kernel: h0.ty.id() as usize,
             },
-            0,
+            r0,
         ));
-    } else {
-        let mut r0 = 0;
-        for h in &mats {
-            let data = h.bytes(m);
-            let src = data.get(..h.device_bytes()).ok_or_else(|| {
-                unsupported(format!(
-                    "tensor '{}' is shorter than its shape",
-                    h.tensor.name
-                ))
-            })?;
-            let buf = Arc::new(DevBuf::from_bytes(src)?);
-            parts.push((
-                DMat {
-                    buf,
-                    off: 0,
-                    ty: h.ty,
-                    rows: h.rows,
-                    cols: h.cols,
-                    row_bytes: h.row_bytes(),
-                    kernel: h.ty.id() as usize,
-                },
-                r0,
-            ));
-            r0 += h.rows;
-        }
+        r0 += run_rows;
     }
     let bias = match bias {
         Some(b) => Some(DevBuf::from_f32(&b)?),
@@ -2381,6 +2373,15 @@ impl CudaBackend {
         };
         if let Some(f) = self.streaming(streaming, mat, 1) {
             return Some((f, FusedLaunch::Staged));
+        }
+        if let (Fuse::Residual, Some(f)) = (fuse, self.k.mvqpr[mat.kernel]) {
+            if self.mv_path(1)
+                && self.uses_q8(mat)
+                && mat.cols <= MVQS_COLS
+                && !mvq_narrow(mat.ty, true, mat.cols)
+            {
+                return Some((f, FusedLaunch::Staged));
+            }
         }
         if self.mv_path(1) && self.uses_q8(mat) {
             // As `mm` picks `mvq2` over `mvq`.
