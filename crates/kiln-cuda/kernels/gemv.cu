@@ -892,6 +892,22 @@ __device__ __forceinline__ int glu_row(int j, int inter, int rows) {
     return lr < 32 ? 32 * g + lr : inter + 32 * g + lr - 32;
 }
 
+// The streaming kernel's shared memory: one set per (NORM, GLU), whatever
+// the weights' type, so that mvqsnp's two matrices share it.
+template <bool NORM, bool GLU>
+struct MvqsSmem {
+    int4 sq[MVQS_COLS / 16];
+    float gsum[GLU ? GLU_RANGES : 1][64];
+    int gdone[GLU ? GLU_RANGES : 1];
+    float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
+    float4 sx[NORM ? AN_THREADS * AN_V / 4 : 1];
+};
+template <bool NORM, bool GLU>
+__device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
+    __shared__ MvqsSmem<NORM, GLU> m;
+    return m;
+}
+
 // NORM (the QKV and gate|up products): xf is the residual stream and normw
 // the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
@@ -902,7 +918,9 @@ __device__ __forceinline__ int glu_row(int j, int inter, int rows) {
 // ranges of 32 gate and 32 up rows; the warp finishing a range's 64th row
 // applies the activation and product to its 32 pairs exactly as act_mul
 // does and quantizes them into oq / od / os, the down product's 8-bit x (y
-// is not written). The rows' sums are the plain kernel's.
+// is not written). The rows' sums are the plain kernel's. bx / gx: the
+// block's index and the grid's size as far as this matrix goes (a second
+// matrix in the same launch: mvqsnp).
 template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -910,16 +928,22 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                           const float* __restrict__ bias, const float* __restrict__ xf = nullptr,
                                           const float* __restrict__ normw = nullptr, float eps = 0.0f,
                                           int inter = 0, int act = 0, i8* __restrict__ oq = nullptr,
-                                          float* __restrict__ od = nullptr, float* __restrict__ os = nullptr) {
-    __shared__ int4 sq[MVQS_COLS / 16];
-    __shared__ float gsum[GLU ? GLU_RANGES : 1][64];
-    __shared__ int gdone[GLU ? GLU_RANGES : 1];
-    __shared__ float sd[MVQS_COLS / 32], ss[MVQS_COLS / 32];
-    __shared__ float4 sx[NORM ? AN_THREADS * AN_V / 4 : 1];
+                                          float* __restrict__ od = nullptr, float* __restrict__ os = nullptr,
+                                          int bx = -1, int gx = 0) {
+    if (bx < 0) {
+        bx = blockIdx.x;
+        gx = gridDim.x;
+    }
+    MvqsSmem<NORM, GLU>& sm = mvqs_smem<NORM, GLU>();
+    int4* sq = sm.sq;
+    auto& gsum = sm.gsum;
+    int* gdone = sm.gdone;
+    float *sd = sm.sd, *ss = sm.ss;
+    float4* sx = sm.sx;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nw = blockDim.x >> 5;
     int j = warp;  // GLU: the warp's row of the block's share
-    int r = GLU ? glu_row(j, inter, rows) : blockIdx.x * nw + warp, rstep = gridDim.x * nw;
+    int r = GLU ? glu_row(j, inter, rows) : bx * nw + warp, rstep = gx * nw;
     int units = cols >> 5;
     // Cleared before stage_norm_xq's barrier, which orders it before any use.
     if (GLU && threadIdx.x < GLU_RANGES) gdone[threadIdx.x] = 0;
@@ -1043,6 +1067,28 @@ MVQSN(q6_kr, T_Q6_KR, 2)
 MVQSR(q4_kr, T_Q4_KR, 2)
 MVQSR(q5_kr, T_Q5_KR, 2)
 MVQSR(q6_kr, T_Q6_KR, 4)
+
+// The norm-staging GEMV over two matrices of different types that share
+// x and follow each other in y (a Q4_K_M layer's Q|K in Q4_K and its V in
+// Q6_K): blocks [0, blocks1) take W's rows as mvqsn does, the others W2's
+// into y + rows. One launch and one staging a block instead of a kernel
+// each. Held to 64 registers (two blocks an SM), so Q6_KR with two units a
+// lane (the same sums as with four: units in increasing order a lane).
+#define MVQSNP(N1, T1, U1, N2, T2, U2)                                                                 \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
+        mvqsnp_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+                           const float* bias, const float* nw, float eps, const u8* W2, u64 row_bytes2, \
+                           int rows2, int blocks1) {                                                  \
+        if ((int)blockIdx.x < blocks1)                                                                \
+            mvqs_impl<T1, U1, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw,  \
+                                    eps, 0, 0, nullptr, nullptr, nullptr, blockIdx.x, blocks1);       \
+        else                                                                                          \
+            mvqs_impl<T2, U2, true>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, y + rows,  \
+                                    bias ? bias + rows : nullptr, x, nw, eps, 0, 0, nullptr, nullptr,  \
+                                    nullptr, blockIdx.x - blocks1, gridDim.x - blocks1);              \
+    }
+MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
+MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.

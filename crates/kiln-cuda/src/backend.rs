@@ -251,6 +251,16 @@ fn mvqp_fused_types() -> [(usize, &'static str, usize); 3] {
     ]
 }
 
+/// The two-matrix norm-staging kernels (`mvqsnp_*`): the kernel-table
+/// indices of the first and second matrix, and the kernel's name suffix.
+fn mvqsnp_types() -> [((usize, usize), &'static str); 2] {
+    let r = |t: GgmlType| REPACKED + t.id() as usize;
+    [
+        ((r(GgmlType::Q4K), r(GgmlType::Q6K)), "q4_kr_q6_kr"),
+        ((r(GgmlType::Q5K), r(GgmlType::Q6K)), "q5_kr_q6_kr"),
+    ]
+}
+
 /// How a [`CudaBackend::fused_kernel`] launches.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FusedLaunch {
@@ -814,6 +824,9 @@ struct Kernels {
     mvqa: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// The streaming residual kernel (`mvqsr{U}_*`) for those types.
     mvqpr: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// Two matrices of different types under one staged norm
+    /// ([`mvqsnp_types`]).
+    mvqsnp: Vec<((usize, usize), cudarc::driver::sys::CUfunction)>,
     /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
     /// and `mvqpn`'s the same way.
     mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
@@ -964,6 +977,15 @@ impl Kernels {
             mvqpg[id][0] = Some(gpu.func(&format!("mvqsg{u}_{n}"))?);
             mvqa[id][0] = Some(gpu.func(&format!("mvqa_{n}"))?);
         }
+        // A/B switch: a kernel for each matrix instead.
+        let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
+            Vec::new()
+        } else {
+            mvqsnp_types()
+                .into_iter()
+                .map(|(ids, n)| Ok((ids, gpu.func(&format!("mvqsnp_{n}"))?)))
+                .collect::<CuResult<Vec<_>>>()?
+        };
         Ok(Kernels {
             mm,
             mv,
@@ -976,6 +998,7 @@ impl Kernels {
             mvqpn,
             mvqa,
             mvqpr,
+            mvqsnp,
             mvqsg,
             mvqpg,
             mvfn,
@@ -2446,6 +2469,58 @@ impl CudaBackend {
             .filter(|&g| self.fused_kernel(m, g).is_some())
     }
 
+    /// A two-matrix projection's one-token product under a fused norm as
+    /// one launch (`mvqsnp_*`), where a kernel takes the pair of types;
+    /// false: the caller launches a kernel per matrix.
+    fn mm_norm_pair(&self, p: &Proj, x: u64, y: u64, fuse: Fuse) -> CuResult<bool> {
+        let Fuse::Norm { w: nw, eps } = fuse else {
+            return Ok(false);
+        };
+        let [(a, _), (b, _)] = p.parts.as_slice() else {
+            return Ok(false);
+        };
+        let pair = (a.kernel, b.kernel);
+        let Some(&(_, f)) = self.k.mvqsnp.iter().find(|(ids, _)| *ids == pair) else {
+            return Ok(false);
+        };
+        if !(self.mv_path(1) && self.uses_q8(a) && self.uses_q8(b) && a.cols <= MVQS_COLS) {
+            return Ok(false);
+        }
+        // The resident grid, split in proportion to the matrices' bytes;
+        // neither gets more blocks than a row a warp.
+        let warps = MVQS_THREADS as usize / 32;
+        let per_sm = self
+            .norm_blocks
+            .unwrap_or_else(|| self.gpu.blocks_per_sm(f, MVQS_THREADS) as usize);
+        let (need_a, need_b) = (a.rows.div_ceil(warps), b.rows.div_ceil(warps));
+        let total = (per_sm.max(1) * self.gpu.info.sms as usize)
+            .min(need_a + need_b)
+            .max(2);
+        let blocks_a = (total * a.bytes())
+            .div_ceil(a.bytes() + b.bytes())
+            .clamp(1, total - 1)
+            .min(need_a);
+        let blocks_b = (total - blocks_a).min(need_b);
+        let args = [
+            Arg::P(a.ptr()),
+            Arg::P(a.row_bytes as u64),
+            Arg::I(a.rows as i32),
+            Arg::I(a.cols as i32),
+            Arg::P(x),
+            Arg::P(y),
+            Arg::P(p.bias.as_ref().map_or(0, |b| b.ptr)),
+            Arg::P(nw),
+            Arg::F(eps),
+            Arg::P(b.ptr()),
+            Arg::P(b.row_bytes as u64),
+            Arg::I(b.rows as i32),
+            Arg::I(blocks_a as i32),
+        ];
+        let grid = (blocks_a + blocks_b) as u32;
+        self.gpu.launch(f, (grid, 1, 1), MVQS_THREADS, &args)?;
+        Ok(true)
+    }
+
     /// `mm` for one token with a [`Fuse`] other than None.
     fn mm_fused(&self, mat: &DMat, o: Operands) -> CuResult<()> {
         let (f, launch) = self
@@ -2976,6 +3051,9 @@ impl CudaBackend {
             if let Some((m, _)) = p.parts.first() {
                 self.quantize_x(x, m.cols, n)?;
             }
+        }
+        if n == 1 && self.mm_norm_pair(p, x, y, fuse)? {
+            return Ok(());
         }
         for (mat, r0) in &p.parts {
             let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
