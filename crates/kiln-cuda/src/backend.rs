@@ -1390,7 +1390,6 @@ impl HostMat {
 /// one type as one buffer, so one kernel takes it (a Q4_K_M layer's Q and K
 /// together, its Q6_K V apart).
 fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<Proj> {
-    let rows: usize = mats.iter().map(|h| h.rows).sum();
     let mut parts = Vec::new();
     let mut r0 = 0;
     for run in mats.chunk_by(|a, b| a.ty == b.ty) {
@@ -1430,7 +1429,11 @@ fn upload_proj(m: &Model, mats: Vec<HostMat>, bias: Option<Vec<f32>>) -> Result<
         Some(b) => Some(DevBuf::from_f32(&b)?),
         None => None,
     };
-    Ok(Proj { parts, rows, bias })
+    Ok(Proj {
+        parts,
+        rows: r0,
+        bias,
+    })
 }
 
 fn vector(m: &Model, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
@@ -2397,18 +2400,15 @@ impl CudaBackend {
         if let Some(f) = self.streaming(streaming, mat, 1) {
             return Some((f, FusedLaunch::Staged));
         }
-        if let (Fuse::Residual, Some(f)) = (fuse, self.k.mvqpr[mat.kernel]) {
-            if self.mv_path(1)
-                && self.uses_q8(mat)
-                && mat.cols <= MVQS_COLS
-                && !mvq_narrow(mat.ty, true, mat.cols)
-            {
-                return Some((f, FusedLaunch::Staged));
-            }
-        }
         if self.mv_path(1) && self.uses_q8(mat) {
             // As `mm` picks `mvq2` over `mvq`.
             let narrow = mvq_narrow(mat.ty, mat.kernel >= REPACKED, mat.cols);
+            // The streaming residual kernel where there is one (`mvqpr`).
+            if let (Fuse::Residual, Some(f)) = (fuse, self.k.mvqpr[mat.kernel]) {
+                if mat.cols <= MVQS_COLS && !narrow {
+                    return Some((f, FusedLaunch::Staged));
+                }
+            }
             let [plain, two] = preload.map_or([None; 2], |(t, _)| t[mat.kernel]);
             let f = two.filter(|_| narrow).or(plain)?;
             return preload.map(|(_, l)| (f, l));
@@ -2483,17 +2483,20 @@ impl CudaBackend {
         let Some(&(_, f)) = self.k.mvqsnp.iter().find(|(ids, _)| *ids == pair) else {
             return Ok(false);
         };
-        if !(self.mv_path(1) && self.uses_q8(a) && self.uses_q8(b) && a.cols <= MVQS_COLS) {
+        // Only where each matrix alone would take its staged kernel.
+        let staged = |m: &DMat| {
+            self.fused_kernel(m, fuse)
+                .is_some_and(|(_, l)| l == FusedLaunch::Staged)
+        };
+        if !(staged(a) && staged(b) && a.cols <= MVQS_COLS) {
             return Ok(false);
         }
         // The resident grid, split in proportion to the matrices' bytes;
         // neither gets more blocks than a row a warp.
         let warps = MVQS_THREADS as usize / 32;
-        let per_sm = self
-            .norm_blocks
-            .unwrap_or_else(|| self.gpu.blocks_per_sm(f, MVQS_THREADS) as usize);
         let (need_a, need_b) = (a.rows.div_ceil(warps), b.rows.div_ceil(warps));
-        let total = (per_sm.max(1) * self.gpu.info.sms as usize)
+        let total = self
+            .resident_grid(f, MVQS_THREADS)
             .min(need_a + need_b)
             .max(2);
         let blocks_a = (total * a.bytes())
@@ -2519,6 +2522,16 @@ impl CudaBackend {
         let grid = (blocks_a + blocks_b) as u32;
         self.gpu.launch(f, (grid, 1, 1), MVQS_THREADS, &args)?;
         Ok(true)
+    }
+
+    /// Blocks of `block` threads of `f` that fit resident on the GPU at
+    /// once (`$KILN_CUDA_NORM_BLOCKS` an SM if set): the grid of the
+    /// kernels whose warps loop over rows.
+    fn resident_grid(&self, f: cudarc::driver::sys::CUfunction, block: u32) -> usize {
+        let per_sm = self
+            .norm_blocks
+            .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
+        per_sm.max(1) * self.gpu.info.sms as usize
     }
 
     /// `mm` for one token with a [`Fuse`] other than None.
@@ -2566,10 +2579,7 @@ impl CudaBackend {
             // norm is taken once, behind its first weight loads. (A row per
             // warp: every later wave of blocks paid it again, in series:
             // 8B Q4_0 418 -> 278 tok/s.)
-            let per_sm = self
-                .norm_blocks
-                .unwrap_or_else(|| self.gpu.blocks_per_sm(f, block) as usize);
-            grid = grid.min(per_sm.max(1) * self.gpu.info.sms as usize);
+            grid = grid.min(self.resident_grid(f, block));
         }
         if matches!(o.fuse, Fuse::NormGlu { .. }) {
             grid = glu_grid(mat.rows / 64, grid);
