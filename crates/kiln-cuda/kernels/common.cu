@@ -241,7 +241,7 @@ __device__ __forceinline__ void quant_q8_shared(const float* sv, int len, u64 b0
 }
 
 // add_norm's block (threads) and values per thread held in registers (ops.cu);
-// the GEMVs that take its RMSNorm over (gemv.cu, stage_norm_xq) sum as it does.
+// the GEMVs that take its RMSNorm over (gemv.cu, stage_normw_xq) sum as it does.
 #define AN_THREADS 512
 #define AN_V 8
 
@@ -271,8 +271,7 @@ __device__ __forceinline__ double inv_rms(double ss, int n, float eps) {
 // after the barrier that follows their writes), added in index order by
 // thread 0 alone and handed to the block through shared memory: the bits of
 // every thread summing and dividing itself, without every thread repeating
-// that f64 chain (NOTES.md item 66; mvfn's rms_finv keeps its own: this
-// one cost it registers and occupancy). Every thread calls.
+// that f64 chain (NOTES.md item 66). Every thread calls.
 __device__ __forceinline__ double parts_inv_rms(const double* part, int np, int n, float eps) {
     __shared__ double r;
     if (threadIdx.x == 0) {

@@ -149,44 +149,30 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 // products, so the consumer sees the bits add_norm would have written).
 __device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
 
-// 1 / rms of x[0..n) (n <= AN_THREADS * AN_V) exactly as add_norm takes it:
-// its AN_THREADS threads' f64 sums of squares (thread j: values j +
-// AN_THREADS * k in k order), each warp's by warp_sum_d, the warps' in
-// order, played by blockDim.x threads (dividing AN_THREADS). Every thread of
-// the block calls it and gets it.
-__device__ __forceinline__ float rms_finv(const float* __restrict__ x, int n, float eps) {
-    __shared__ double part[AN_THREADS / 32];
-    for (int j = threadIdx.x; j < AN_THREADS; j += blockDim.x) {
-        double s = 0.0;
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int i = j + k * AN_THREADS;
-            double v = i < n ? (double)__ldg(x + i) : 0.0;
-            s += v * v;
-        }
-        s = warp_sum_d(s);
-        if ((j & 31) == 0) part[j >> 5] = s;
-    }
-    __syncthreads();
+// 1 / rms from np per-warp f64 sums of squares over n values, added in
+// index order. One lane calls it, once a warp.
+__device__ __forceinline__ float norm_finv(const double* part, int np, int n, float eps) {
     double t = 0.0;
-    for (int i = 0; i < AN_THREADS / 32; i++) t += part[i];
+    for (int i = 0; i < np; i++) t += part[i];
     return (float)inv_rms(t, n, eps);
 }
 
 #define MVFN_THREADS 256
-// CudaOptions::fuse_norm for float weights (NOTES.md item 31): mvf_impl with
-// the layer's RMSNorm inside. x is the residual stream
-// (cols <= AN_THREADS * AN_V): the block takes its rms as add_norm does,
-// stages the normalized row once in shared memory, and its warps then read
-// x there as mvf_impl reads it from L1 (the same values, the same sums).
-// A grid of what fits resident, each warp taking rows r, r + rstep, ...,
-// the next row's first loads issued before this one's reduction.
+// CudaOptions::fuse_norm for float weights (NOTES.md items 31, 71): mvf_impl
+// with the layer's RMSNorm inside. x is the residual stream (cols <=
+// AN_THREADS * AN_V): the block stages x * w (w the norm's weights) once in
+// shared memory, its warps read it there as mvf_impl reads x from L1, and a
+// row's sum is scaled by 1 / rms at its end: the norm's f64 chain (the
+// block's sum of squares, then the division) is off the path to the first
+// dot products. A grid of what fits resident, each warp taking rows r, r +
+// rstep, ..., the next row's first loads issued before this one's reduction.
 template <int T>
 __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const float* __restrict__ x, float* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ nw,
                                           float eps) {
     __shared__ float4 sx[AN_THREADS * AN_V / 4];
+    __shared__ double part[32];
     constexpr int E = T == T_F32 ? 4 : 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
@@ -211,22 +197,28 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
         if (i < cols / 4) gs[k] = __ldg((const float4*)nw + i);
     }
     PDL_ENTRY();
-    float finv = rms_finv(x, cols, eps);
     float4 xs[SV];
 #pragma unroll
     for (int k = 0; k < SV; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        if (i < cols / 4) xs[k] = __ldg((const float4*)x + i);
+        xs[k] = i < cols / 4 ? __ldg((const float4*)x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    double ssq = 0.0;
 #pragma unroll
     for (int k = 0; k < SV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         if (i < cols / 4)
-            sx[i] = make_float4(rms_val(xs[k].x, finv, gs[k].x), rms_val(xs[k].y, finv, gs[k].y),
-                                rms_val(xs[k].z, finv, gs[k].z), rms_val(xs[k].w, finv, gs[k].w));
+            sx[i] = make_float4(__fmul_rn(xs[k].x, gs[k].x), __fmul_rn(xs[k].y, gs[k].y),
+                                __fmul_rn(xs[k].z, gs[k].z), __fmul_rn(xs[k].w, gs[k].w));
+        ssq += (double)xs[k].x * xs[k].x + (double)xs[k].y * xs[k].y + (double)xs[k].z * xs[k].z +
+               (double)xs[k].w * xs[k].w;
     }
+    ssq = warp_sum_d(ssq);
+    if (lane == 0) part[warp] = ssq;
     __syncthreads();
     tl_mark(1);
+    float finv = 0.0f;
+    bool scaled = false;
     while (r < rows) {
         float acc = mvf_row<T, true>((const uint4*)(W + (u64)r * row_bytes), chunks, lane, wv, sx);
         int rn = r + rstep;
@@ -239,7 +231,12 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
             }
         }
         acc = warp_sum(acc);
-        if (lane == 0) y[r] = acc + (bias ? bias[r] : 0.0f);
+        if (lane == 0) {
+            // Once a warp, after its first row's next loads have issued.
+            if (!scaled) finv = norm_finv(part, blockDim.x >> 5, cols, eps);
+            scaled = true;
+            y[r] = __fmul_rn(acc, finv) + (bias ? bias[r] : 0.0f);
+        }
         r = rn;
     }
     tl_mark(2);
