@@ -241,7 +241,7 @@ __device__ __forceinline__ void quant_q8_shared(const float* sv, int len, u64 b0
 }
 
 // add_norm's block (threads) and values per thread held in registers (ops.cu);
-// the GEMVs that take its RMSNorm over (gemv.cu, stage_normw_xq) sum as it does.
+// the GEMVs that take its RMSNorm over (gemv.cu, stage_norm_xq) sum as it does.
 #define AN_THREADS 512
 #define AN_V 8
 
