@@ -267,18 +267,22 @@ __device__ __forceinline__ double inv_rms(double ss, int n, float eps) {
     return 1.0 / sqrt(ss / (double)n + (double)eps);
 }
 
-// inv_rms of the np partial sums in `part` (visible to the block: called
-// after the barrier that follows their writes), added in index order by
-// thread 0 alone and handed to the block through shared memory: the bits of
-// every thread summing and dividing itself, without every thread repeating
-// that f64 chain (NOTES.md item 66). Every thread calls.
+// inv_rms of the np partial sums in `part`, added in index order (one
+// thread's chain: the callers decide which thread runs it).
+__device__ __forceinline__ double parts_inv(const double* part, int np, int n, float eps) {
+    double t = 0.0;
+    for (int i = 0; i < np; i++) t += part[i];
+    return inv_rms(t, n, eps);
+}
+
+// parts_inv of `part` (visible to the block: called after the barrier that
+// follows their writes) by thread 0 alone, handed to the block through
+// shared memory: the bits of every thread summing and dividing itself,
+// without every thread repeating that f64 chain (NOTES.md item 66). Every
+// thread calls.
 __device__ __forceinline__ double parts_inv_rms(const double* part, int np, int n, float eps) {
     __shared__ double r;
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int i = 0; i < np; i++) t += part[i];
-        r = inv_rms(t, n, eps);
-    }
+    if (threadIdx.x == 0) r = parts_inv(part, np, n, eps);
     __syncthreads();
     return r;
 }

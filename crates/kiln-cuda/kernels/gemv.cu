@@ -149,14 +149,6 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 // products, so the consumer sees the bits add_norm would have written).
 __device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
 
-// 1 / rms from np per-warp f64 sums of squares over n values, added in
-// index order. One lane calls it, once a warp.
-__device__ __forceinline__ float norm_finv(const double* part, int np, int n, float eps) {
-    double t = 0.0;
-    for (int i = 0; i < np; i++) t += part[i];
-    return (float)inv_rms(t, n, eps);
-}
-
 #define MVFN_THREADS 256
 // CudaOptions::fuse_norm for float weights (NOTES.md items 31, 71): mvf_impl
 // with the layer's RMSNorm inside. x is the residual stream (cols <=
@@ -233,7 +225,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
         acc = warp_sum(acc);
         if (lane == 0) {
             // Once a warp, after its first row's next loads have issued.
-            if (!scaled) finv = norm_finv(part, blockDim.x >> 5, cols, eps);
+            if (!scaled) finv = (float)parts_inv(part, blockDim.x >> 5, cols, eps);
             scaled = true;
             y[r] = __fmul_rn(acc, finv) + (bias ? bias[r] : 0.0f);
         }
