@@ -413,6 +413,13 @@ __device__ __forceinline__ void rload(const u8* __restrict__ row, int u, int col
     *d = ld_u16(r8_dp<Rq<T>::QB>(row, u));
 }
 
+// Unit u0 + 32 k of a row (u0 + 32 k sits 4 k runs or super-blocks past
+// u0): for the layouts where that is a constant number of bytes, the
+// address is u0's plus an immediate (ptxas otherwise redoes the 64-bit
+// address arithmetic for every unit).
+template <int T>
+__device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d);
+
 // 8 bytes from global memory, not kept in L1.
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
     uint2 v;
@@ -455,6 +462,47 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
 }
 
 template <int T>
+__device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    rload<T>(row, u0 + 32 * k, cols, q, d);
+}
+// The lane's pointers are taken once (u0's), each unit's loads at a
+// constant offset from them.
+template <int QB>
+__device__ __forceinline__ void rload8_k(const u8* __restrict__ row, int u0, int k, uint4* q, u16* d) {
+    constexpr int KS = 4 * 8 * (QB + 2);
+    const u8* pq = r8_q<QB>(row, u0);
+#pragma unroll
+    for (int i = 0; i < QB / 16; i++) q[i] = ld_stream16(pq + KS * k + 16 * i);
+    *d = ld_u16(r8_dp<QB>(row, u0) + KS * k);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    rload8_k<16>(row, u0, k, q, d);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q8_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    rload8_k<32>(row, u0, k, q, d);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u0 >> 3) * 144;
+    const u8* pq = b + 16 + 16 * (u0 & 7);
+    q[0] = ld_stream16(pq + 576 * k);
+    q[1] = ld_stream16(b + 576 * k);
+    *d = (u16)(u0 & 7);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q5_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u0 >> 3) * 176;
+    const u8* pq = b + 16 + 16 * (u0 & 7);
+    const u8* ph = b + 144 + 4 * (u0 & 7);
+    q[0] = ld_stream16(pq + 704 * k);
+    q[1] = ld_stream16(b + 704 * k);
+    q[2] = make_uint4(ld_stream4(ph + 704 * k), 0u, 0u, 0u);
+    *d = (u16)(u0 & 7);
+}
+
+template <int T>
 __device__ __forceinline__ float rdot(const uint4* q, u16 d, const int* xv, float dx, float sx);
 
 template <>
@@ -469,15 +517,22 @@ __device__ __forceinline__ float rdot<T_Q8_0R>(const uint4* q, u16 d, const int*
 
 // The integer dot product of 32 4-bit values stored as in repacked Q4_0
 // and Q4_K (byte i: values i, low nibble, and i + 16) with x's 8 words.
+// The high nibbles stay in place (16 q, unsigned bytes) and the sum is
+// divided by 16 at the end, exactly: a mask where a shift and a mask were.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 __device__ __forceinline__ int nib_dot(const uint4& q, const int* xv) {
     u32 a[4] = {q.x, q.y, q.z, q.w};
-    int s = 0;
+    int s = 0, h = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s = __dp4a((int)(a[i] & 0x0f0f0f0fu), xv[i], s);
-        s = __dp4a((int)((a[i] >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
+        h = dp4a_us(a[i] & 0xf0f0f0f0u, xv[4 + i], h);
     }
-    return s;
+    return s + (h >> 4);
 }
 
 template <>
@@ -718,7 +773,7 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
     u16 d[U];
 #pragma unroll
     for (int k = 0; k < U; k++)
-        if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
+        if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[k], &d[k]);
     float yr = res_early<RES>(y, r, rows, lane);
     PDL_ENTRY();
     float acc = 0.0f;
@@ -726,7 +781,7 @@ __device__ __forceinline__ void mvqr_impl(const u8* __restrict__ W, u64 row_byte
         if (u0 != lane) {
 #pragma unroll
             for (int k = 0; k < U; k++)
-                if (u0 + 32 * k < units) rload<T>(row, u0 + 32 * k, cols, q[k], &d[k]);
+                if (u0 + 32 * k < units) rload_k<T>(row, u0, k, cols, q[k], &d[k]);
         }
 #pragma unroll
         for (int k = 0; k < U; k++) {
@@ -942,7 +997,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         const u8* row = W + (u64)r * row_bytes;
 #pragma unroll
         for (int k = 0; k < U; k++)
-            if (lane + 32 * k < units) rload<T>(row, lane + 32 * k, cols, q[k], &d[k]);
+            if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[k], &d[k]);
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     float gw[NORM ? AN_V : 1];
@@ -977,7 +1032,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             const u8* row = W + (u64)rn * row_bytes;
 #pragma unroll
             for (int k = 0; k < U; k++)
-                if (u0 + 32 * k < units) rload<T>(row, u0 + 32 * k, cols, q[k], &d[k]);
+                if (u0 + 32 * k < units) rload_k<T>(row, u0, k, cols, q[k], &d[k]);
             if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
         }
         if (end) {
@@ -1040,10 +1095,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     MVQSN(TNAME, T, U)                                                                                \
     MVQSR(TNAME, T, U)
 
+// The residual kernels held to 64 registers (two blocks an SM): the 8B
+// Q4_0 down product at one block an SM lost 7% (NOTES.md item 44).
 #define MVQSR(TNAME, T, U)                                                                            \
-    extern "C" __global__ void mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
-                                                  const i8* xq, const float* xd, const float* xs,      \
-                                                  float* y, const float* bias) {                       \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
+        mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
+                           const float* xs, float* y, const float* bias) {                            \
         mvqs_impl<T, U, false, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                   \
     }
 MVQS(q4_0r, T_Q4_0R, 4)
@@ -1102,6 +1159,78 @@ extern "C" __global__ void rd_rows(const u8* W, u64 row_bytes, int rows, int col
     acc = (u32)warp_sum_i((int)acc);
     if (lane == 0) y[r] = (float)acc;
 }
+
+// Access-pattern ceilings for `cuda_check --gemv-micro` (experiment): a
+// warp per row as mvqs_impl runs it (U units a lane in flight, the next
+// row's loads issued before this one's reduction), no arithmetic but an
+// xor. MODE 0: repacked units (quants + f16 scale, rload); 1: the quants
+// only; 2: the same bytes laid out flat (a row's quants, then its scales).
+template <int T, int U, int MODE>
+__device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
+    constexpr int QB = Rq<T>::QB, QW = Rq<T>::QW;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
+    int units = cols >> 5;
+    uint4 q[U][QW];
+    u16 d[U];
+    auto load = [&](int rr, int u0) {
+        const u8* row = W + (u64)rr * row_bytes;
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int u = u0 + 32 * k;
+            if (u >= units) continue;
+            if (MODE == 2) {
+#pragma unroll
+                for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(row + (u64)u * QB + 16 * i);
+                d[k] = ld_u16(row + (u64)units * QB + 2 * u);
+            } else {
+                const u8* p = r8_q<QB>(row, u);
+#pragma unroll
+                for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(p + 16 * i);
+                d[k] = MODE == 0 ? ld_u16(r8_dp<QB>(row, u)) : 0;
+            }
+        }
+    };
+    if (r < rows) load(r, lane);
+    PDL_ENTRY();
+    u32 acc = 0;
+    int u0 = lane;
+    while (r < rows) {
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            if (u0 + 32 * k < units) {
+#pragma unroll
+                for (int i = 0; i < QW; i++) acc ^= q[k][i].x ^ q[k][i].y ^ q[k][i].z ^ q[k][i].w;
+                acc ^= d[k];
+            }
+        int rn = r;
+        u0 += 32 * U;
+        bool end = u0 >= units;
+        if (end) {
+            rn = r + rstep;
+            u0 = lane;
+        }
+        if (rn < rows) load(rn, u0);
+        if (end) {
+            u32 v = (u32)warp_sum_i((int)acc);
+            if (lane == 0) y[r] = (float)v;
+            acc = 0;
+        }
+        r = rn;
+    }
+}
+#define RDQ(NAME, T, U, MODE)                                                                          \
+    extern "C" __global__ void NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,      \
+                                    const float* xd, const float* xs, float* y, const float* bias) {  \
+        rdq_impl<T, U, MODE>(W, row_bytes, rows, cols, y);                                             \
+    }
+RDQ(rdq4_pat, T_Q4_0R, 4, 0)
+RDQ(rdq4_qonly, T_Q4_0R, 4, 1)
+RDQ(rdq4_flat, T_Q4_0R, 4, 2)
+RDQ(rdq8_pat, T_Q8_0R, 2, 0)
+RDQ(rdq8_flat, T_Q8_0R, 2, 2)
+RDQ(rdq4_pat8, T_Q4_0R, 8, 0)
+RDQ(rdq4_flat8, T_Q4_0R, 8, 2)
 
 // ---- A few tokens (decode batches of several sequences): the one-token
 // kernels above with each weight load shared by up to MV_NT tokens. Per
