@@ -467,6 +467,7 @@ __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int 
 }
 // The lane's pointers are taken once (u0's), each unit's loads at a
 // constant offset from them.
+// (Q8_0's mvq_q8_0r lost 4-6% with it: NOTES.md item 72.)
 template <int QB>
 __device__ __forceinline__ void rload8_k(const u8* __restrict__ row, int u0, int k, uint4* q, u16* d) {
     constexpr int KS = 4 * 8 * (QB + 2);
@@ -478,10 +479,6 @@ __device__ __forceinline__ void rload8_k(const u8* __restrict__ row, int u0, int
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     rload8_k<16>(row, u0, k, q, d);
-}
-template <>
-__device__ __forceinline__ void rload_k<T_Q8_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    rload8_k<32>(row, u0, k, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -1218,6 +1215,54 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         }
         r = rn;
     }
+}
+// R rows a warp in flight (rows r, r + rstep, ..., U units a lane each; rows of at most 32 U units).
+template <int U, int R>
+__device__ __forceinline__ void rdqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
+    int units = cols >> 5;
+    uint4 q[R][U];
+    u16 d[R][U];
+    auto load = [&](int r0) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            int rr = r0 + j * rstep;
+            if (rr >= rows) continue;
+            const u8* row = W + (u64)rr * row_bytes;
+#pragma unroll
+            for (int k = 0; k < U; k++)
+                if (lane + 32 * k < units) rload_k<T_Q4_0R>(row, lane, k, cols, &q[j][k], &d[j][k]);
+        }
+    };
+    load(r);
+    PDL_ENTRY();
+    while (r < rows) {
+        u32 acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0;
+#pragma unroll
+            for (int k = 0; k < U; k++)
+                if (lane + 32 * k < units) acc[j] ^= q[j][k].x ^ q[j][k].y ^ q[j][k].z ^ q[j][k].w ^ d[j][k];
+        }
+        int rn = r + R * rstep;
+        if (rn < rows) load(rn);
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            u32 v = (u32)warp_sum_i((int)acc[j]);
+            if (lane == 0 && r + j * rstep < rows) y[r + j * rstep] = (float)v;
+        }
+        r = rn;
+    }
+}
+extern "C" __global__ void rdq4_2r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
+                                   const float* xs, float* y, const float* bias) {
+    rdqr_impl<4, 2>(W, row_bytes, rows, cols, y);
+}
+extern "C" __global__ void rdq4_3r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
+                                   const float* xs, float* y, const float* bias) {
+    rdqr_impl<4, 3>(W, row_bytes, rows, cols, y);
 }
 #define RDQ(NAME, T, U, MODE)                                                                          \
     extern "C" __global__ void NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,      \
