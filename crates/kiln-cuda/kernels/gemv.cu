@@ -962,7 +962,7 @@ __device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
 // is not written). The rows' sums are the plain kernel's. bx / gx: the
 // block's index and the grid's size as far as this matrix goes (a second
 // matrix in the same launch: mvqsnp).
-template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, int R = 1>
+template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -988,100 +988,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     int units = cols >> 5;
     // Cleared before stage_norm_xq's barrier, which orders it before any use.
     if (GLU && threadIdx.x < GLU_RANGES) gdone[threadIdx.x] = 0;
-    // Row r's sum (acc, this lane's share) reduced and written; GLU: row jj
-    // of the block's share into its range, the range's last row applying the
-    // activation and product and quantizing the range for the down product.
-    auto finish = [&](float acc, int r, int jj, float yr) {
-        float v = warp_sum(acc);
-        if (GLU) {
-            int k = jj >> 6;
-            bool last = false;
-            if (lane == 0) {
-                gsum[k][jj & 63] = v + (bias ? bias[r] : 0.0f);
-                __threadfence_block();
-                last = atomicAdd(&gdone[k], 1) == 63;
-            }
-            if (__shfl_sync(0xffffffffu, last, 0)) {
-                __threadfence_block();
-                const volatile float* gk = gsum[k];
-                float h = activate(act, gk[lane]) * gk[32 + lane];
-                quant_q8_warp(h, lane, (u64)(blockIdx.x + k * gridDim.x), oq, od, os);
-            }
-        } else if (lane == 0) {
-            float o = v + (bias ? bias[r] : 0.0f);
-            y[r] = RES ? yr + o : o;
-        }
-    };
-    float gw[NORM ? AN_V : 1];
-    auto load_gw = [&]() {
-        if (NORM) {
-#pragma unroll
-            for (int k = 0; k < AN_V; k++) {
-                int i = threadIdx.x + k * AN_THREADS;
-                gw[k] = i < cols ? normw[i] : 0.0f;
-            }
-        }
-    };
-    auto stage = [&]() {
-        if (NORM)
-            stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
-        else
-            stage_xq(sq, sd, ss, xq, xd, xs, cols);
-        tl_mark(1);
-    };
-    if constexpr (R > 1) {
-        // R of the warp's rows in flight, each one chunk (units <= 32 U: the
-        // host's choice), so a lane has R U units loading where it had U.
-        // Each row's units in increasing order a lane, as below: the same sums.
-        static_assert(!RES, "R > 1: no residual version");
-        uint4 q[R][U][Rq<T>::QW];
-        u16 d[R][U];
-        // The warp's t-th row from jb (GLU) or r (rows r + t rstep).
-        auto row_at = [&](int t) { return GLU ? glu_row(j + t * nw, inter, rows) : r + t * rstep; };
-        auto load = [&](int t, int rr) {
-            if (rr >= rows) return;
-            const u8* row = W + (u64)rr * row_bytes;
-#pragma unroll
-            for (int k = 0; k < U; k++)
-                if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[t][k], &d[t][k]);
-        };
-        int rr[R];
-#pragma unroll
-        for (int t = 0; t < R; t++) {
-            rr[t] = row_at(t);
-            load(t, rr[t]);
-        }
-        load_gw();
-        PDL_ENTRY();
-        stage();
-        while (rr[0] < rows) {
-            float acc[R];
-#pragma unroll
-            for (int t = 0; t < R; t++) {
-                acc[t] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < U; k++)
-                    if (lane + 32 * k < units) acc[t] = racc<T>(acc[t], q[t][k], d[t][k], lane + 32 * k, sq, sd, ss);
-            }
-            int rn[R];
-#pragma unroll
-            for (int t = 0; t < R; t++) {
-                rn[t] = row_at(R + t);
-                load(t, rn[t]);
-            }
-#pragma unroll
-            for (int t = 0; t < R; t++)
-                if (rr[t] < rows) finish(acc[t], rr[t], j + t * nw, 0.0f);
-            if (GLU)
-                j += R * nw;
-            else
-                r += R * rstep;
-#pragma unroll
-            for (int t = 0; t < R; t++) rr[t] = rn[t];
-        }
-        tl_mark(2);
-        return;
-    }
     uint4 q[U][Rq<T>::QW];
     u16 d[U];
     if (r < rows) {
@@ -1091,9 +997,20 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[k], &d[k]);
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
-    load_gw();
+    float gw[NORM ? AN_V : 1];
+    if (NORM) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * AN_THREADS;
+            gw[k] = i < cols ? normw[i] : 0.0f;
+        }
+    }
     PDL_ENTRY();
-    stage();
+    if (NORM)
+        stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
+    else
+        stage_xq(sq, sd, ss, xq, xd, xs, cols);
+    tl_mark(1);
     float acc = 0.0f;
     int u0 = lane;
     while (r < rows) {
@@ -1116,8 +1033,26 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
         }
         if (end) {
-            finish(acc, r, j, yr);
-            if (GLU) j += nw;
+            float v = warp_sum(acc);
+            if (GLU) {
+                int k = j >> 6;
+                bool last = false;
+                if (lane == 0) {
+                    gsum[k][j & 63] = v + (bias ? bias[r] : 0.0f);
+                    __threadfence_block();
+                    last = atomicAdd(&gdone[k], 1) == 63;
+                }
+                if (__shfl_sync(0xffffffffu, last, 0)) {
+                    __threadfence_block();
+                    const volatile float* gk = gsum[k];
+                    float h = activate(act, gk[lane]) * gk[32 + lane];
+                    quant_q8_warp(h, lane, (u64)(blockIdx.x + k * gridDim.x), oq, od, os);
+                }
+                j += nw;
+            } else if (lane == 0) {
+                float o = v + (bias ? bias[r] : 0.0f);
+                y[r] = RES ? yr + o : o;
+            }
             yr = yn;
             acc = 0.0f;
         }
@@ -1167,31 +1102,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
-
-// Two rows a warp in flight (rows of at most 128 units: 4,096 columns).
-extern "C" __global__ void mvqsn4x2_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,
-                                          const float* bias, const float* nw, float eps) {
-    mvqs_impl<T_Q4_0R, 4, true, false, false, 2>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,
-                                                  nw, eps);
-}
-extern "C" __global__ void mvqsg4x2_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,
-                                          const float* bias, const float* nw, float eps, int inter, int act, i8* oq,
-                                          float* od, float* os) {
-    mvqs_impl<T_Q4_0R, 4, true, false, true, 2>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw,
-                                                 eps, inter, act, oq, od, os);
-}
-extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)
-    mvqsn4y2_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, const float* bias,
-                   const float* nw, float eps) {
-    mvqs_impl<T_Q4_0R, 4, true, false, false, 2>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,
-                                                  nw, eps);
-}
-extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)
-    mvqsg4y2_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, const float* bias,
-                   const float* nw, float eps, int inter, int act, i8* oq, float* od, float* os) {
-    mvqs_impl<T_Q4_0R, 4, true, false, true, 2>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw,
-                                                 eps, inter, act, oq, od, os);
-}
 
 MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)

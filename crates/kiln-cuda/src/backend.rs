@@ -948,9 +948,6 @@ impl Kernels {
                 mvq_nt[id] = Some(gpu.func(&format!("mvq_nt_{n}"))?);
             }
         }
-        // Experiment: two rows a warp in flight for the norm-staging U = 4
-        // kernels (`x`: as many registers as they take, `y`: held to 64).
-        let rows2 = std::env::var("KILN_CUDA_ROWS2").unwrap_or_default();
         for (id, n) in mvqs_types() {
             for (table, v) in [
                 (&mut mvqs, ""),
@@ -958,12 +955,10 @@ impl Kernels {
                 (&mut mvqsr, "r"),
                 (&mut mvqsg, "g"),
             ] {
-                let four = if (v == "n" || v == "g") && (rows2 == "x" || rows2 == "y") {
-                    format!("mvqs{v}4{rows2}2_{n}")
-                } else {
-                    format!("mvqs{v}4_{n}")
-                };
-                table[id] = Some([gpu.func(&four)?, gpu.func(&format!("mvqs{v}8_{n}"))?]);
+                table[id] = Some([
+                    gpu.func(&format!("mvqs{v}4_{n}"))?,
+                    gpu.func(&format!("mvqs{v}8_{n}"))?,
+                ]);
             }
         }
         for (id, n) in mvq2_types() {
