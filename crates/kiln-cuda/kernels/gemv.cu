@@ -1157,12 +1157,12 @@ extern "C" __global__ void rd_rows(const u8* W, u64 row_bytes, int rows, int col
     if (lane == 0) y[r] = (float)acc;
 }
 
-// Access-pattern ceilings for `cuda_check --gemv-micro` (experiment): a
-// warp per row as mvqs_impl runs it (U units a lane in flight, the next
-// row's loads issued before this one's reduction), no arithmetic but an
-// xor. MODE 0: repacked units (quants + f16 scale, rload); 1: the quants
-// only; 2: the same bytes laid out flat (a row's quants, then its scales).
-template <int T, int U, int MODE>
+// Access-pattern ceilings for `cuda_check --gemv-micro`: a warp per row as
+// mvqs_impl runs it (U units a lane in flight, the next row's loads issued
+// before this one's reduction), no arithmetic but an xor. FLAT: the same
+// bytes laid out as a row's quants, then its scales, instead of repacked
+// runs of 8 (NOTES.md item 72: Q8_0's 8B chain 2.64 -> 2.52 ms flat).
+template <int T, int U, bool FLAT>
 __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
     constexpr int QB = Rq<T>::QB, QW = Rq<T>::QW;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1176,7 +1176,7 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u >= units) continue;
-            if (MODE == 2) {
+            if (FLAT) {
 #pragma unroll
                 for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(row + (u64)u * QB + 16 * i);
                 d[k] = ld_u16(row + (u64)units * QB + 2 * u);
@@ -1184,7 +1184,7 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
                 const u8* p = r8_q<QB>(row, u);
 #pragma unroll
                 for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(p + 16 * i);
-                d[k] = MODE == 0 ? ld_u16(r8_dp<QB>(row, u)) : 0;
+                d[k] = ld_u16(r8_dp<QB>(row, u));
             }
         }
     };
@@ -1216,66 +1216,14 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         r = rn;
     }
 }
-// R rows a warp in flight (rows r, r + rstep, ..., U units a lane each; rows of at most 32 U units).
-template <int U, int R>
-__device__ __forceinline__ void rdqr_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
-    int units = cols >> 5;
-    uint4 q[R][U];
-    u16 d[R][U];
-    auto load = [&](int r0) {
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            int rr = r0 + j * rstep;
-            if (rr >= rows) continue;
-            const u8* row = W + (u64)rr * row_bytes;
-#pragma unroll
-            for (int k = 0; k < U; k++)
-                if (lane + 32 * k < units) rload_k<T_Q4_0R>(row, lane, k, cols, &q[j][k], &d[j][k]);
-        }
-    };
-    load(r);
-    PDL_ENTRY();
-    while (r < rows) {
-        u32 acc[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            acc[j] = 0;
-#pragma unroll
-            for (int k = 0; k < U; k++)
-                if (lane + 32 * k < units) acc[j] ^= q[j][k].x ^ q[j][k].y ^ q[j][k].z ^ q[j][k].w ^ d[j][k];
-        }
-        int rn = r + R * rstep;
-        if (rn < rows) load(rn);
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            u32 v = (u32)warp_sum_i((int)acc[j]);
-            if (lane == 0 && r + j * rstep < rows) y[r + j * rstep] = (float)v;
-        }
-        r = rn;
-    }
-}
-extern "C" __global__ void rdq4_2r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
-                                   const float* xs, float* y, const float* bias) {
-    rdqr_impl<4, 2>(W, row_bytes, rows, cols, y);
-}
-extern "C" __global__ void rdq4_3r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
-                                   const float* xs, float* y, const float* bias) {
-    rdqr_impl<4, 3>(W, row_bytes, rows, cols, y);
-}
-#define RDQ(NAME, T, U, MODE)                                                                          \
+#define RDQ(NAME, T, U, FLAT)                                                                          \
     extern "C" __global__ void NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,      \
                                     const float* xd, const float* xs, float* y, const float* bias) {  \
-        rdq_impl<T, U, MODE>(W, row_bytes, rows, cols, y);                                             \
+        rdq_impl<T, U, FLAT>(W, row_bytes, rows, cols, y);                                             \
     }
-RDQ(rdq4_pat, T_Q4_0R, 4, 0)
-RDQ(rdq4_qonly, T_Q4_0R, 4, 1)
-RDQ(rdq4_flat, T_Q4_0R, 4, 2)
-RDQ(rdq8_pat, T_Q8_0R, 2, 0)
-RDQ(rdq8_flat, T_Q8_0R, 2, 2)
-RDQ(rdq4_pat8, T_Q4_0R, 8, 0)
-RDQ(rdq4_flat8, T_Q4_0R, 8, 2)
+RDQ(rdq4_pat, T_Q4_0R, 4, false)
+RDQ(rdq8_pat, T_Q8_0R, 2, false)
+RDQ(rdq8_flat, T_Q8_0R, 2, true)
 
 // ---- A few tokens (decode batches of several sequences): the one-token
 // kernels above with each weight load shared by up to MV_NT tokens. Per
