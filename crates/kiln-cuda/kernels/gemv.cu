@@ -988,6 +988,47 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     int units = cols >> 5;
     // Cleared before stage_norm_xq's barrier, which orders it before any use.
     if (GLU && threadIdx.x < GLU_RANGES) gdone[threadIdx.x] = 0;
+    // Row r's sum (acc, this lane's share) reduced and written; GLU: row jj
+    // of the block's share into its range, the range's last row applying the
+    // activation and product and quantizing the range for the down product.
+    auto finish = [&](float acc, int r, int jj, float yr) {
+        float v = warp_sum(acc);
+        if (GLU) {
+            int k = jj >> 6;
+            bool last = false;
+            if (lane == 0) {
+                gsum[k][jj & 63] = v + (bias ? bias[r] : 0.0f);
+                __threadfence_block();
+                last = atomicAdd(&gdone[k], 1) == 63;
+            }
+            if (__shfl_sync(0xffffffffu, last, 0)) {
+                __threadfence_block();
+                const volatile float* gk = gsum[k];
+                float h = activate(act, gk[lane]) * gk[32 + lane];
+                quant_q8_warp(h, lane, (u64)(blockIdx.x + k * gridDim.x), oq, od, os);
+            }
+        } else if (lane == 0) {
+            float o = v + (bias ? bias[r] : 0.0f);
+            y[r] = RES ? yr + o : o;
+        }
+    };
+    float gw[NORM ? AN_V : 1];
+    auto load_gw = [&]() {
+        if (NORM) {
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) {
+                int i = threadIdx.x + k * AN_THREADS;
+                gw[k] = i < cols ? normw[i] : 0.0f;
+            }
+        }
+    };
+    auto stage = [&]() {
+        if (NORM)
+            stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
+        else
+            stage_xq(sq, sd, ss, xq, xd, xs, cols);
+        tl_mark(1);
+    };
     uint4 q[U][Rq<T>::QW];
     u16 d[U];
     if (r < rows) {
@@ -997,20 +1038,9 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[k], &d[k]);
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
-    float gw[NORM ? AN_V : 1];
-    if (NORM) {
-#pragma unroll
-        for (int k = 0; k < AN_V; k++) {
-            int i = threadIdx.x + k * AN_THREADS;
-            gw[k] = i < cols ? normw[i] : 0.0f;
-        }
-    }
+    load_gw();
     PDL_ENTRY();
-    if (NORM)
-        stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
-    else
-        stage_xq(sq, sd, ss, xq, xd, xs, cols);
-    tl_mark(1);
+    stage();
     float acc = 0.0f;
     int u0 = lane;
     while (r < rows) {
@@ -1033,26 +1063,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
         }
         if (end) {
-            float v = warp_sum(acc);
-            if (GLU) {
-                int k = j >> 6;
-                bool last = false;
-                if (lane == 0) {
-                    gsum[k][j & 63] = v + (bias ? bias[r] : 0.0f);
-                    __threadfence_block();
-                    last = atomicAdd(&gdone[k], 1) == 63;
-                }
-                if (__shfl_sync(0xffffffffu, last, 0)) {
-                    __threadfence_block();
-                    const volatile float* gk = gsum[k];
-                    float h = activate(act, gk[lane]) * gk[32 + lane];
-                    quant_q8_warp(h, lane, (u64)(blockIdx.x + k * gridDim.x), oq, od, os);
-                }
-                j += nw;
-            } else if (lane == 0) {
-                float o = v + (bias ? bias[r] : 0.0f);
-                y[r] = RES ? yr + o : o;
-            }
+            finish(acc, r, j, yr);
+            if (GLU) j += nw;
             yr = yn;
             acc = 0.0f;
         }
@@ -1083,10 +1095,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                            x, nw, eps, inter, act, oq, od, os);                        \
     }
 
+// The plain kernel held to its blocks an SM before the loads' constant
+// offsets: three at U = 4 (40 registers), two at 8 (62; 70 unbounded).
 #define MVQS(TNAME, T, U)                                                                             \
-    extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
-                                                 const i8* xq, const float* xd, const float* xs, float* y, \
-                                                 const float* bias) {                                  \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 ? 3 : 2)                          \
+        mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
+                          const float* xs, float* y, const float* bias) {                             \
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }                                                                                                 \
     MVQSN(TNAME, T, U)                                                                                \
