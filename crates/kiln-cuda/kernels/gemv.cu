@@ -962,6 +962,17 @@ __device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
 // is not written). The rows' sums are the plain kernel's. bx / gx: the
 // block's index and the grid's size as far as this matrix goes (a second
 // matrix in the same launch: mvqsnp).
+// Unit u0 + 32 k for mvqs_impl: at constant offsets (rload_k) in the fused
+// kernels (8B Q4_0 tg256 +0.8%, 1B +2.5%), as rload in the plain one (8B
+// Q4_0 with fuse_norm off lost 1.9% with rload_k: NOTES.md item 72).
+template <int T, bool K>
+__device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    if (K)
+        rload_k<T>(row, u0, k, cols, q, d);
+    else
+        rload<T>(row, u0 + 32 * k, cols, q, d);
+}
+
 template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -1035,7 +1046,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         const u8* row = W + (u64)r * row_bytes;
 #pragma unroll
         for (int k = 0; k < U; k++)
-            if (lane + 32 * k < units) rload_k<T>(row, lane, k, cols, q[k], &d[k]);
+            if (lane + 32 * k < units) mvqs_load<T, NORM || RES>(row, lane, k, cols, q[k], &d[k]);
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     load_gw();
@@ -1059,7 +1070,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             const u8* row = W + (u64)rn * row_bytes;
 #pragma unroll
             for (int k = 0; k < U; k++)
-                if (u0 + 32 * k < units) rload_k<T>(row, u0, k, cols, q[k], &d[k]);
+                if (u0 + 32 * k < units) mvqs_load<T, NORM || RES>(row, u0, k, cols, q[k], &d[k]);
             if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
         }
         if (end) {
@@ -1095,12 +1106,10 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                            x, nw, eps, inter, act, oq, od, os);                        \
     }
 
-// The plain kernel held to its blocks an SM before the loads' constant
-// offsets: three at U = 4 (40 registers), two at 8 (62; 70 unbounded).
 #define MVQS(TNAME, T, U)                                                                             \
-    extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 ? 3 : 2)                          \
-        mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
-                          const float* xs, float* y, const float* bias) {                             \
+    extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
+                                                 const i8* xq, const float* xd, const float* xs, float* y, \
+                                                 const float* bias) {                                  \
         mvqs_impl<T, U>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                                \
     }                                                                                                 \
     MVQSN(TNAME, T, U)                                                                                \
