@@ -466,26 +466,20 @@ __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int 
     rload<T>(row, u0 + 32 * k, cols, q, d);
 }
 // The lane's pointers are taken once (u0's), each unit's loads at a
-// constant offset from them.
-// (Q8_0's mvq_q8_0r lost 4-6% with it: NOTES.md item 72.)
-template <int QB>
-__device__ __forceinline__ void rload8_k(const u8* __restrict__ row, int u0, int k, uint4* q, u16* d) {
-    constexpr int KS = 4 * 8 * (QB + 2);
-    const u8* pq = r8_q<QB>(row, u0);
-#pragma unroll
-    for (int i = 0; i < QB / 16; i++) q[i] = ld_stream16(pq + KS * k + 16 * i);
-    *d = ld_u16(r8_dp<QB>(row, u0) + KS * k);
-}
+// constant offset from them: 4 k runs (Q4_0R) or super-blocks past u0.
+// (Q8_0R keeps rload: its mvq_q8_0r lost 4-6% this way, NOTES.md item 72.)
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    rload8_k<16>(row, u0, k, q, d);
+    constexpr int KS = 4 * 8 * (16 + 2);
+    q[0] = ld_stream16(r8_q<16>(row, u0) + KS * k);
+    *d = ld_u16(r8_dp<16>(row, u0) + KS * k);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     const u8* b = row + (u0 >> 3) * 144;
     const u8* pq = b + 16 + 16 * (u0 & 7);
-    q[0] = ld_stream16(pq + 576 * k);
-    q[1] = ld_stream16(b + 576 * k);
+    q[0] = ld_stream16(pq + 4 * 144 * k);
+    q[1] = ld_stream16(b + 4 * 144 * k);
     *d = (u16)(u0 & 7);
 }
 template <>
@@ -493,9 +487,9 @@ __device__ __forceinline__ void rload_k<T_Q5_KR>(const u8* __restrict__ row, int
     const u8* b = row + (u0 >> 3) * 176;
     const u8* pq = b + 16 + 16 * (u0 & 7);
     const u8* ph = b + 144 + 4 * (u0 & 7);
-    q[0] = ld_stream16(pq + 704 * k);
-    q[1] = ld_stream16(b + 704 * k);
-    q[2] = make_uint4(ld_stream4(ph + 704 * k), 0u, 0u, 0u);
+    q[0] = ld_stream16(pq + 4 * 176 * k);
+    q[1] = ld_stream16(b + 4 * 176 * k);
+    q[2] = make_uint4(ld_stream4(ph + 4 * 176 * k), 0u, 0u, 0u);
     *d = (u16)(u0 & 7);
 }
 
@@ -949,6 +943,17 @@ __device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
     return m;
 }
 
+// Unit u0 + 32 k for mvqs_impl: at constant offsets (rload_k) in the fused
+// kernels (8B Q4_0 tg256 +0.8%, 1B +2.5%), as rload in the plain one (8B
+// Q4_0 with fuse_norm off lost 1.9% with rload_k: NOTES.md item 72).
+template <int T, bool K>
+__device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    if (K)
+        rload_k<T>(row, u0, k, cols, q, d);
+    else
+        rload<T>(row, u0 + 32 * k, cols, q, d);
+}
+
 // NORM (the QKV and gate|up products): xf is the residual stream and normw
 // the RMSNorm's weights, normalized and quantized per block (stage_norm_xq)
 // instead of read from xq, xd, xs. RES (the O and down products): y is the
@@ -962,17 +967,6 @@ __device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
 // is not written). The rows' sums are the plain kernel's. bx / gx: the
 // block's index and the grid's size as far as this matrix goes (a second
 // matrix in the same launch: mvqsnp).
-// Unit u0 + 32 k for mvqs_impl: at constant offsets (rload_k) in the fused
-// kernels (8B Q4_0 tg256 +0.8%, 1B +2.5%), as rload in the plain one (8B
-// Q4_0 with fuse_norm off lost 1.9% with rload_k: NOTES.md item 72).
-template <int T, bool K>
-__device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    if (K)
-        rload_k<T>(row, u0, k, cols, q, d);
-    else
-        rload<T>(row, u0 + 32 * k, cols, q, d);
-}
-
 template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -1023,6 +1017,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             y[r] = RES ? yr + o : o;
         }
     };
+    // The norm weights' loads and the staging as steps too: ptxas schedules
+    // this form as NOTES.md item 72 measured it (the inline form differs).
     float gw[NORM ? AN_V : 1];
     auto load_gw = [&]() {
         if (NORM) {
@@ -1204,10 +1200,7 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
                 for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(row + (u64)u * QB + 16 * i);
                 d[k] = ld_u16(row + (u64)units * QB + 2 * u);
             } else {
-                const u8* p = r8_q<QB>(row, u);
-#pragma unroll
-                for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(p + 16 * i);
-                d[k] = ld_u16(r8_dp<QB>(row, u));
+                rload<T>(row, u, cols, q[k], &d[k]);
             }
         }
     };
