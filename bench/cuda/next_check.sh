@@ -28,6 +28,7 @@
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
+#   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
 # `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
@@ -139,6 +140,18 @@ knobs)
       echo "kn1 q4_k_m $v $(env $v /tmp/kiln bench /tmp/kn1/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done
   done ;;
+plain)
+  # NOTES.md item 73: the plain streaming kernel's form and block by row width (fuse_norm off;
+  # the fused kernels are unchanged, so fused logits and speed must equal main's).
+  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  for S in Llama-3.2-1B Llama-3.1-8B; do /tmp/kiln synth $S /tmp/pl-$S --types q4_0 > /dev/null 2>&1; done; date -u +%T
+  for S in Llama-3.2-1B Llama-3.1-8B; do for v in 1 0; do
+    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/pl-$S/model-q4_0.gguf && echo "$S q4_0 fuse_norm=$v: branch = main, bit for bit"
+  done; done
+  for r in 1 2; do for S in Llama-3.1-8B Llama-3.2-1B; do for v in 0 1; do for b in kiln_a kiln; do
+    echo "$S FUSE_NORM=$v $b $(KILN_CUDA_FUSE_NORM=$v /tmp/$b bench /tmp/pl-$S/model-q4_0.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; done ;;
 attprof)
   # Where tg2048's extra time goes (1B Q4_0 ~1,340 tok/s against ~1,800 at tg256): ncu kernel
   # durations (µs) of the 16 layers' decode attention, and of the QKV GEMV as a control, at

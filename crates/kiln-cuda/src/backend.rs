@@ -231,6 +231,25 @@ pub(crate) fn mvqs_kernel(
     }
 }
 
+/// The plain one-token streaming kernel (`mvqs*_q4_0r`, taken where
+/// [`CudaOptions::fuse_norm`] is off: post-norms, hidden > 4,096) for rows of
+/// `cols` columns: whether it is `mvqs4s_q4_0r` (the shifted nibble dot
+/// product; rows of four units a lane) and its threads a block (a warp a
+/// row). Measured as whole models (NOTES.md item 73, tg256, fuse_norm off):
+/// the 8B shape (4,096 / 14,336 columns) 449 -> 461 tok/s with the shifted
+/// kernel at 512 threads, the 1B shape (2,048 / 8,192) 1,710 -> 1,751 with
+/// 256-thread blocks (its 2,048-row products are 128 blocks of 512 on 132
+/// SMs). Both forms sum the same integers: the same bits.
+fn plain_streaming(cols: usize) -> (bool, u32) {
+    let shifted = cols > 2048 && cols <= 4096;
+    let threads = if cols <= 2048 || (cols > 4096 && cols <= 8192) {
+        256
+    } else {
+        MVQS_THREADS
+    };
+    (shifted, threads)
+}
+
 /// The fused-norm kernels (`mvqsn{U}_*`, the staging streaming kernel) and
 /// residual-add kernels (`mvqsr{U}_*`, the streaming kernel on a resident
 /// grid; `mvqa_*`, the register-preloading one, with `KILN_CUDA_KRES=0`) of
@@ -810,6 +829,9 @@ struct Kernels {
     /// Per kernel-table index: the streaming one-token GEMV with 4 and 8
     /// blocks per lane in flight ([`mvqs_kernel`]).
     mvqs: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    /// `mvqs4s_q4_0r`: the plain streaming kernel for rows of four units a
+    /// lane ([`plain_streaming`]).
+    mvqs4s: cudarc::driver::sys::CUfunction,
     /// Per kernel-table index: `mvq` with two units per lane in flight
     /// ([`mvq_narrow`]).
     mvq2: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -992,6 +1014,7 @@ impl Kernels {
             mvf,
             mvq,
             mvqs,
+            mvqs4s: gpu.func("mvqs4s_q4_0r")?,
             mvq2,
             mvqsn,
             mvqsr,
@@ -2636,10 +2659,10 @@ impl CudaBackend {
         let q8 = self.mv_path(n) && self.uses_q8(mat);
         if n == 1 && self.mv_path(1) {
             if let Some(f) = self.streaming(&self.k.mvqs, mat, n) {
-                let grid = mat.rows.div_ceil(MVQS_THREADS as usize / 32) as u32;
-                return self
-                    .gpu
-                    .launch(f, (grid, 1, 1), MVQS_THREADS, one(&xq).get());
+                let (shifted, threads) = plain_streaming(mat.cols);
+                let f = if shifted { self.k.mvqs4s } else { f };
+                let grid = mat.rows.div_ceil(threads as usize / 32) as u32;
+                return self.gpu.launch(f, (grid, 1, 1), threads, one(&xq).get());
             }
             let narrow = mvq_narrow(mat.ty, id >= REPACKED, mat.cols);
             let plain = self.k.mvq[id];
