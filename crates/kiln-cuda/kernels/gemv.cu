@@ -288,10 +288,31 @@ __device__ __forceinline__ void ld_xq(const i8* __restrict__ xq, u64 b, int* xv)
 template <int T>
 __device__ __forceinline__ float qdot(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx);
 
+// The integer dot product of a Q4_0 block's 32 4-bit values (word i's
+// byte j: value 4 i + j in its low nibble, 16 + 4 i + j in its high one)
+// with x's 8 words, each high nibble shifted down first.
+__device__ __forceinline__ int nib_dot_shift(const u32* a, const int* xv) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)(a[i] & 0x0f0f0f0fu), xv[i], s);
+        s = __dp4a((int)((a[i] >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
+    }
+    return s;
+}
+
+// A Q4_0 unit's sum from its scale d and integer dot product s. Rounded
+// operations (no fused multiply-add): plain and repacked kernels give the same bits.
+__device__ __forceinline__ float q4_0_sum(float d, int s, float dx, float sx) {
+    return __fmul_rn(d, __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
+}
+
 // { f16 d; u8 qs[16] }: w = d * (q - 8)
 template <>
 __device__ __forceinline__ float qdot<T_Q4_0>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     const u8* b = row + u * 18;
+    // Each word's loads beside its dot products (nib_dot_shift over loaded
+    // words schedules mvq_q4_0's loads differently).
     int s = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -299,8 +320,7 @@ __device__ __forceinline__ float qdot<T_Q4_0>(const u8* __restrict__ row, int u,
         s = __dp4a((int)(v & 0x0f0f0f0fu), xv[i], s);
         s = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
     }
-    // Rounded operations (no fused multiply-add): the repacked kernels give the same bits.
-    return __fmul_rn(ld_h(b), __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
+    return q4_0_sum(ld_h(b), s, dx, sx);
 }
 
 // { f16 d; f16 m; u8 qs[16] }: w = d * q + m
@@ -528,28 +548,21 @@ __device__ __forceinline__ int nib_dot(const uint4& q, const int* xv) {
 
 template <>
 __device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    int s = nib_dot(q[0], xv);
-    return __fmul_rn(h2f(d), __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
+    return q4_0_sum(h2f(d), nib_dot(q[0], xv), dx, sx);
 }
 
-// Repacked Q4_0 summed with each high nibble shifted down before its dot
-// product (nib_dot's earlier form; the same integers, so the same bits): the
-// plain streaming kernel of rows where a lane holds four units, where it
-// holds two registers more and gives the 8B Q4_0 with fuse_norm off 449 ->
-// 461 tok/s (NOTES.md item 73). A kernel type id of its own, outside ggml's.
+// Repacked Q4_0 summed with nib_dot_shift (nib_dot's earlier form; the same
+// integers, so the same bits): the plain streaming kernel of rows where a
+// lane holds four units, where it holds two registers more and gives the 8B
+// Q4_0 with fuse_norm off 449 -> 461 tok/s (NOTES.md item 73). A kernel type
+// id of its own, outside ggml's.
 #define T_Q4_0RS (T_Q4_0R + 100)
 template <>
 struct Rq<T_Q4_0RS> : Rq<T_Q4_0R> {};
 template <>
 __device__ __forceinline__ float rdot<T_Q4_0RS>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        s = __dp4a((int)(a[i] & 0x0f0f0f0fu), xv[i], s);
-        s = __dp4a((int)((a[i] >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
-    }
-    return __fmul_rn(h2f(d), __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(8.0f, sx)));
+    return q4_0_sum(h2f(d), nib_dot_shift(a, xv), dx, sx);
 }
 
 // The integer sums and the float arithmetic of qdot<T_Q6_K>.

@@ -233,7 +233,7 @@ pub(crate) fn mvqs_kernel(
 
 /// The plain one-token streaming kernel (`mvqs*_q4_0r`, taken where
 /// [`CudaOptions::fuse_norm`] is off: post-norms, hidden > 4,096) for rows of
-/// `cols` columns: whether it is `mvqs4s_q4_0r` (the shifted nibble dot
+/// `cols` columns of type `ty`: whether it is `mvqs4s_q4_0r` (the shifted nibble dot
 /// product; rows of four units a lane) and its threads a block (a warp a
 /// row). Measured as whole models (NOTES.md item 73, tg256, fuse_norm off,
 /// against one kernel at 512 threads): the 8B shape (4,096 / 14,336 columns)
@@ -241,8 +241,8 @@ pub(crate) fn mvqs_kernel(
 /// (2,048 / 8,192) 1,737 -> 1,753 with 256-thread blocks (its 2,048-row
 /// products are 128 blocks of 512 on 132 SMs). Both forms sum the same
 /// integers: the same bits.
-fn plain_streaming(cols: usize) -> (bool, u32) {
-    let shifted = cols > 2048 && cols <= 4096;
+fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
+    let shifted = ty == GgmlType::Q4_0 && cols > 2048 && cols <= 4096;
     let threads = if cols <= 2048 || (cols > 4096 && cols <= 8192) {
         256
     } else {
@@ -2660,12 +2660,8 @@ impl CudaBackend {
         let q8 = self.mv_path(n) && self.uses_q8(mat);
         if n == 1 && self.mv_path(1) {
             if let Some(f) = self.streaming(&self.k.mvqs, mat, n) {
-                let (shifted, threads) = plain_streaming(mat.cols);
-                let f = if shifted && mat.ty == GgmlType::Q4_0 {
-                    self.k.mvqs4s
-                } else {
-                    f
-                };
+                let (shifted, threads) = plain_streaming(mat.ty, mat.cols);
+                let f = if shifted { self.k.mvqs4s } else { f };
                 let grid = mat.rows.div_ceil(threads as usize / 32) as u32;
                 return self.gpu.launch(f, (grid, 1, 1), threads, one(&xq).get());
             }
