@@ -326,6 +326,89 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     }
 }
 
+/// The tensor-core product of batched steps (`mmq_*`) against f64 sums over
+/// the dequantized weights and the 8-bit activations it used; a token's
+/// result the same bits whatever the step's token count (the split count
+/// depends on the matrix only); and within rounding of the few-token GEMV.
+fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
+    println!("\n## op level: batched-step tensor-core products (mmq) vs f64");
+    println!("| type | rows x cols | tokens | max rel err vs f64 on the kernel's inputs | 16/37/64 tokens = 100, bit for bit | max rel diff vs mvq_nt (16 tokens) |");
+    println!("|---|---|---|---|---|---|");
+    let mut rng = Rng(0x5151_7a7a_0101_c3c3);
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        for (rows, cols) in [(37, 2048), (200, 2304), (37, 4608), (130, 16640)] {
+            let w = random_blocks(ty, rows * cols, &mut rng, 0.5);
+            let mut deq = vec![0.0f32; rows * cols];
+            kiln_format::dequant::dequantize(ty, &w, &mut deq).expect("dequant");
+            let n = 100;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let (y, q, d) = match kiln_cuda::testing::matmul_mmq(gpu, ty, &w, rows, cols, &x, n) {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(format!("mmq {ty} {rows}x{cols}: {e}"));
+                    continue;
+                }
+            };
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for t in 0..n {
+                let xk: Vec<f64> = (0..cols)
+                    .map(|c| f64::from(d[t * cols / 32 + c / 32]) * f64::from(q[t * cols + c]))
+                    .collect();
+                for r in 0..rows {
+                    let row = &deq[r * cols..(r + 1) * cols];
+                    let want: f64 = row.iter().zip(&xk).map(|(&a, &b)| f64::from(a) * b).sum();
+                    let got = f64::from(y[t * rows + r]);
+                    num = num.max(if got.is_finite() {
+                        (got - want).abs()
+                    } else {
+                        f64::INFINITY
+                    });
+                    den = den.max(want.abs());
+                }
+            }
+            let rel = num / den.max(1e-30);
+            let mut same = true;
+            for m in [16usize, 37, 64] {
+                match kiln_cuda::testing::matmul_mmq(gpu, ty, &w, rows, cols, &x, m) {
+                    Ok((ym, _, _)) => {
+                        same &= ym.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits())
+                    }
+                    Err(e) => {
+                        failures.push(format!("mmq {ty} {rows}x{cols} {m} tokens: {e}"));
+                        same = false;
+                    }
+                }
+            }
+            let gemv = kiln_cuda::testing::matvec_fast_nt(gpu, ty, &w, rows, cols, &x, 16, true);
+            let vs_gemv = match gemv {
+                Ok(yg) => {
+                    let top = yg.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let diff = yg
+                        .iter()
+                        .zip(&y)
+                        .fold(0.0f32, |a, (g, m)| a.max((g - m).abs()));
+                    f64::from(diff) / f64::from(top).max(1e-30)
+                }
+                Err(e) => {
+                    failures.push(format!("mvq_nt {ty} {rows}x{cols}: {e}"));
+                    f64::INFINITY
+                }
+            };
+            let ok = rel <= 1e-5 && same && vs_gemv <= 1e-5;
+            if !ok {
+                failures.push(format!(
+                    "mmq {ty} {rows}x{cols}: rel {rel:.2e}, invariant {same}, vs mvq_nt {vs_gemv:.2e}"
+                ));
+            }
+            println!(
+                "| {ty} | {rows} x {cols} | {n} | {rel:.2e} | {} | {vs_gemv:.2e} {}|",
+                if same { "yes" } else { "NO" },
+                if ok { "" } else { "FAIL " }
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------- fixtures
 
 struct Arrays(Vec<u8>);
@@ -1996,6 +2079,7 @@ fn main() {
     let mut failures = Vec::new();
     op_checks(&mut gpu, &mut failures);
     fast_op_checks(&mut gpu, &mut failures);
+    mmq_checks(&mut gpu, &mut failures);
     argmax_checks(&mut gpu, &mut failures);
     sample_checks(&mut gpu, &mut failures);
     flash_checks(&mut gpu, &mut failures);

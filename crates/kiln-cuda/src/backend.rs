@@ -23,6 +23,7 @@ use kiln_format::{Activation, GgmlType, Model, ModelTensor, NormKind, RopeStyle,
 
 use crate::gpu::{Arg, CuResult, CudaError, DevBuf, Gpu, Graph};
 use crate::l2ahead::{Ahead, AheadPlan};
+use crate::mmq::{mmq_types, MmqCall};
 
 /// Types the GEMV / embedding kernels read directly.
 pub fn kernel_type_name(ty: GgmlType) -> Option<&'static str> {
@@ -865,6 +866,10 @@ struct Kernels {
     /// Per ggml type id: the few-token versions of `mvf` / `mvq`.
     mvf_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    /// Per kernel-table index: the tensor-core product of batched steps
+    /// (`mmq_*`, [`MmqCall`]), and the sum of its splits.
+    mmq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mmq_reduce: cudarc::driver::sys::CUfunction,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
     add_norm_cl: cudarc::driver::sys::CUfunction,
@@ -942,6 +947,10 @@ impl Kernels {
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
+        let mut mmq = vec![None; 64];
+        for (id, n) in mmq_types() {
+            mmq[id] = Some(gpu.func(&format!("mmq_{n}"))?);
+        }
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
             if let Some(n) = mvf_type_name(ty) {
@@ -1033,6 +1042,8 @@ impl Kernels {
             flash: [gpu.func("flash_d64")?, gpu.func("flash_d128")?],
             mvf_nt,
             mvq_nt,
+            mmq,
+            mmq_reduce: gpu.func("mmq_reduce")?,
             embed,
             add_norm: gpu.func("add_norm")?,
             add_norm_cl: gpu.func("add_norm_cl")?,
@@ -1229,6 +1240,10 @@ pub struct CudaBackend {
     gemm_min_float: usize,
     /// See [`CudaOptions::exact`].
     exact: bool,
+    /// Batched steps of quantized products through the tensor-core
+    /// kernels ([`Self::uses_mmq`]; `$KILN_CUDA_MMQ=0`: dequantization and
+    /// cuBLAS instead, for A/B).
+    mmq: bool,
     /// Most slices per row of the greedy argmax (`$KILN_CUDA_ARGMAX_SLICES`,
     /// default and at most ARGMAX_SLICES).
     argmax_max: usize,
@@ -2157,6 +2172,7 @@ impl CudaBackend {
                 gemm_min_float_opt
             },
             exact: opts.exact,
+            mmq: std::env::var("KILN_CUDA_MMQ").map_or(true, |v| v != "0"),
             argmax_max: std::env::var("KILN_CUDA_ARGMAX_SLICES")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -2330,6 +2346,9 @@ impl CudaBackend {
     /// The format cuBLAS reads x in when a product with `mat` over `n`
     /// tokens is a GEMM (0 f16, 1 bf16, -1 f32 as it is), or None (a GEMV).
     fn gemm_fmt(&self, mat: &DMat, n: usize) -> Option<i32> {
+        if self.uses_mmq(mat, n) {
+            return None;
+        }
         let float = matches!(mat.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         let gemm = n >= self.gemm_min || (float && n >= self.gemm_min_float);
         (gemm && self.blas.is_some()).then_some(match mat.ty {
@@ -2618,6 +2637,25 @@ impl CudaBackend {
         if o.fuse != Fuse::None {
             return self.mm_fused(mat, o);
         }
+        if let (true, Some(f), Some(part)) =
+            (self.uses_mmq(mat, o.n), self.k.mmq[mat.kernel], &self.s.wh)
+        {
+            // The GEMM path's dequantization scratch holds the splits' sums.
+            let call = MmqCall {
+                w: mat.ptr(),
+                row_bytes: mat.row_bytes,
+                rows: mat.rows,
+                cols: mat.cols,
+                xq: self.xq_args(true),
+                n: o.n,
+                y: o.y,
+                ystride: o.ystride,
+                bias: o.bias,
+                part: part.ptr,
+                part_floats: self.s.deq_elems / 2,
+            };
+            return call.launch(&self.gpu, f, self.k.mmq_reduce);
+        }
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);
         }
@@ -2657,7 +2695,7 @@ impl CudaBackend {
         let rows_per = |r: usize| mat.rows.div_ceil(MV_WARPS * r) as u32;
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let aligned16 = mat.row_bytes % 16 == 0 && mat.ptr() % 16 == 0;
-        let q8 = self.mv_path(n) && self.uses_q8(mat);
+        let q8 = self.mat_q8(mat, n);
         if n == 1 && self.mv_path(1) {
             if let Some(f) = self.streaming(&self.k.mvqs, mat, n) {
                 let (shifted, threads) = plain_streaming(mat.ty, mat.cols);
@@ -3033,7 +3071,24 @@ impl CudaBackend {
 
     /// Whether a `p` over `n` tokens reads `s.xq` (8-bit activations).
     fn proj_q8(&self, p: &Proj, n: usize) -> bool {
-        self.mv_path(n) && p.parts.iter().any(|(m, _)| self.uses_q8(m))
+        p.parts.iter().any(|(m, _)| self.mat_q8(m, n))
+    }
+
+    /// Whether the product of `mat` over `n` tokens reads 8-bit activations.
+    fn mat_q8(&self, mat: &DMat, n: usize) -> bool {
+        (self.mv_path(n) && self.uses_q8(mat)) || self.uses_mmq(mat, n)
+    }
+
+    /// Whether the product of `mat` over `n` tokens is a tensor-core one
+    /// ([`MmqCall`]): steps past the few-token GEMVs (`mv_path`) whose 8-bit
+    /// activations fit the decode scratch (MV_TOKENS_MAX tokens).
+    fn uses_mmq(&self, mat: &DMat, n: usize) -> bool {
+        self.mmq
+            && !self.exact
+            && n > 1
+            && n <= MV_TOKENS_MAX.min(self.max_batch)
+            && !self.mv_path(n)
+            && self.k.mmq[mat.kernel].is_some()
     }
 
     /// Whether products over `n` tokens use the decode GEMVs.
@@ -3606,7 +3661,7 @@ impl CudaBackend {
         }
         let out = self.output.as_ref().unwrap_or(&self.embd);
         // The output GEMV's 8-bit input, written by gather_norm.
-        let q = self.xq_args(self.mv_path(k) && self.uses_q8(out));
+        let q = self.xq_args(self.mat_q8(out, k));
         self.gpu.launch(
             self.k.gather_norm,
             (k as u32, 1, 1),

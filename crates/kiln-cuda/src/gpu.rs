@@ -217,11 +217,12 @@ pub struct Gpu {
 unsafe impl Send for Gpu {}
 
 /// The kernel sources, concatenated in this order.
-pub const SOURCES: [(&str, &str); 6] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("common.cu", include_str!("../kernels/common.cu")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
+    ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];

@@ -19,6 +19,7 @@
 mod backend;
 pub mod gpu;
 mod l2ahead;
+mod mmq;
 mod pinned;
 pub mod testing;
 

@@ -299,6 +299,49 @@ pub fn matvec_fast_nt(
     fetch(gpu, &p.y, n * rows)
 }
 
+/// The tensor-core product of batched steps (`mmq_*`, as the backend
+/// launches it) of a repacked matrix of `ty` with `n` tokens, x quantized
+/// per token as the GEMVs take it; `y[t][r]`, and the kernels' 8-bit inputs
+/// (values, scales) for checks on them.
+#[allow(clippy::type_complexity)]
+pub fn matmul_mmq(
+    gpu: &mut Gpu,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> CuResult<(Vec<f32>, Vec<i8>, Vec<f32>)> {
+    let p = product_buffers(gpu, ty, w, rows, cols, true, &x[..n * cols], n * rows)?;
+    let name = p.repacked.unwrap_or_default();
+    let f = gpu.func(&format!("mmq_{name}"))?;
+    let reduce = gpu.func("mmq_reduce")?;
+    let (q, d, s) = quantize_q8(gpu, &p.x, n * cols / 32)?;
+    let part_floats = crate::mmq::splits(rows, cols, gpu.info.sms.max(1) as usize) * n * rows;
+    let part = DevBuf::zeroed(part_floats * 4)?;
+    crate::mmq::MmqCall {
+        w: p.w.ptr,
+        row_bytes: p.row_bytes,
+        rows,
+        cols,
+        xq: [Arg::P(q.ptr), Arg::P(d.ptr), Arg::P(s.ptr)],
+        n,
+        y: p.y.ptr,
+        ystride: rows,
+        bias: 0,
+        part: part.ptr,
+        part_floats,
+    }
+    .launch(gpu, f, reduce)?;
+    let qv: Vec<u8> = fetch(gpu, &q, n * cols)?;
+    Ok((
+        fetch(gpu, &p.y, n * rows)?,
+        qv.into_iter().map(|v| v as i8).collect(),
+        fetch(gpu, &d, n * cols / 32)?,
+    ))
+}
+
 /// `nb` blocks of 32 values at `x` quantized by `quantize_q8`: (q, d, s).
 fn quantize_q8(gpu: &mut Gpu, x: &DevBuf, nb: usize) -> CuResult<(DevBuf, DevBuf, DevBuf)> {
     let q = DevBuf::zeroed(nb * 32)?;
@@ -327,9 +370,8 @@ pub fn repacks(ty: GgmlType, cols: usize) -> bool {
 
 /// A product's device buffers: weights, input, a NaN-filled output.
 struct Product {
-    /// Held so the weights live as long as the product (kernels read them
-    /// through `w_args`).
-    _w: DevBuf,
+    /// The weights (the GEMVs read them through `w_args`).
+    w: DevBuf,
     x: DevBuf,
     y: DevBuf,
     /// The kernels' name suffix of the repacked layout, when repacked.
@@ -371,7 +413,7 @@ fn product_buffers(
         Arg::I(cols as i32),
     ];
     Ok(Product {
-        _w: dw,
+        w: dw,
         x: DevBuf::from_f32(x)?,
         y: DevBuf::from_f32(&vec![f32::NAN; y_len])?,
         repacked: suffix,
