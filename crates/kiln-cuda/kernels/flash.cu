@@ -21,23 +21,6 @@ __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ u32 fa_smem(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void fa_cp16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;"); }
-
-template <int N>
-__device__ __forceinline__ void fa_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 __device__ __forceinline__ void fa_ldsm4(u32 a, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -73,7 +56,7 @@ __device__ __forceinline__ void fa_load_tile(u16* s, const u16* g, int kvd, int 
     for (int c = threadIdx.x; c < FA_BC * C; c += blockDim.x) {
         int r = c / C, e = (c % C) * 8;
         int key = min(j0 + r, L - 1);
-        fa_cp16(fa_smem(s + r * RS + e), g + (u64)key * kvd + e);
+        cp_async16(smem_u32(s + r * RS + e), g + (u64)key * kvd + e);
     }
 }
 #endif
@@ -105,7 +88,7 @@ __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstr
     int jstart = kmin / FA_BC * FA_BC;
     PDL_ENTRY();
     fa_load_tile<D>(ks, kg, kvd, jstart, L);
-    fa_commit();
+    cp_async_commit();
 
     u32 qa[KS][4];
 #pragma unroll
@@ -133,8 +116,8 @@ __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstr
     for (int j0 = jstart; j0 <= kmax; j0 += FA_BC) {
         __syncthreads();  // every warp is done reading vs
         fa_load_tile<D>(vs, vg, kvd, j0, L);
-        fa_commit();
-        fa_wait<1>();
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();  // K(j0) visible
 
         float s[8][4];
@@ -145,7 +128,7 @@ __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstr
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 u32 b0, b1, b2, b3;
-                fa_ldsm4(fa_smem(ks + (np * 16 + (mi >> 1) * 8 + mr) * RS + kk * 16 + (mi & 1) * 8), b0, b1, b2, b3);
+                fa_ldsm4(smem_u32(ks + (np * 16 + (mi >> 1) * 8 + mr) * RS + kk * 16 + (mi & 1) * 8), b0, b1, b2, b3);
                 fa_mma(s[2 * np], qa[kk], b0, b1);
                 fa_mma(s[2 * np + 1], qa[kk], b2, b3);
             }
@@ -195,10 +178,10 @@ __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstr
             o[i][3] *= alpha[1];
         }
 
-        fa_wait<0>();
+        cp_async_wait<0>();
         __syncthreads();  // V(j0) visible; every warp is done reading ks
         if (j0 + FA_BC <= kmax) fa_load_tile<D>(ks, kg, kvd, j0 + FA_BC, L);
-        fa_commit();
+        cp_async_commit();
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
             u32 pa[4] = {fa_pack(s[2 * kc][0], s[2 * kc][1]), fa_pack(s[2 * kc][2], s[2 * kc][3]),
@@ -206,7 +189,7 @@ __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstr
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 u32 b0, b1, b2, b3;
-                fa_ldsm4t(fa_smem(vs + (kc * 16 + (mi & 1) * 8 + mr) * RS + dp * 16 + (mi >> 1) * 8), b0, b1, b2,
+                fa_ldsm4t(smem_u32(vs + (kc * 16 + (mi & 1) * 8 + mr) * RS + dp * 16 + (mi >> 1) * 8), b0, b1, b2,
                           b3);
                 fa_mma(o[2 * dp], pa, b0, b1);
                 fa_mma(o[2 * dp + 1], pa, b2, b3);

@@ -868,7 +868,7 @@ struct Kernels {
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per kernel-table index: the tensor-core product of batched steps
     /// (`mmq_*`, [`MmqCall`]), and the sum of its splits.
-    mmq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mmq: Vec<Option<[cudarc::driver::sys::CUfunction; 3]>>,
     mmq_reduce: cudarc::driver::sys::CUfunction,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
@@ -948,8 +948,8 @@ impl Kernels {
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         let mut mmq = vec![None; 64];
-        for (id, n) in mmq_types() {
-            mmq[id] = Some(gpu.func(&format!("mmq_{n}"))?);
+        for (id, n, run_bytes) in mmq_types() {
+            mmq[id] = Some(crate::mmq::load(gpu, n, run_bytes)?);
         }
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
@@ -2654,7 +2654,7 @@ impl CudaBackend {
                 part: part.ptr,
                 part_floats: self.s.deq_elems / 2,
             };
-            return call.launch(&self.gpu, f, self.k.mmq_reduce);
+            return call.launch(&self.gpu, &f, self.k.mmq_reduce);
         }
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);

@@ -208,6 +208,9 @@ pub struct Gpu {
     /// [`Gpu::blocks_per_sm`]'s answers, asked once per (kernel, block):
     /// the norm-fused GEMVs size their grid with it on every launch.
     occupancy: std::cell::RefCell<Vec<(sys::CUfunction, u32, u32)>>,
+    /// Dynamic shared memory bytes of the kernels that take some
+    /// ([`Gpu::set_dyn_smem`]); every launch of such a kernel passes them.
+    dyn_smem: Vec<(sys::CUfunction, u32)>,
     /// A timeline build's stamp ring ([`Gpu::timeline_reset`]).
     tl_buf: std::cell::RefCell<Option<DevBuf>>,
 }
@@ -526,6 +529,7 @@ impl Gpu {
             skip,
             boundary,
             occupancy: std::cell::RefCell::new(Vec::new()),
+            dyn_smem: Vec::new(),
             tl_buf: std::cell::RefCell::new(None),
         })
     }
@@ -607,7 +611,7 @@ impl Gpu {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: self.dyn_smem_of(f),
                 hStream: self.stream,
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -623,6 +627,31 @@ impl Gpu {
         1
     }
 
+    /// Launches `f` with `bytes` of dynamic shared memory from now on
+    /// (past the 48 KiB a block gets without asking, the driver is asked).
+    pub(crate) fn set_dyn_smem(&mut self, f: sys::CUfunction, bytes: u32) -> CuResult<()> {
+        // SAFETY: f is a live function of this context.
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        };
+        drv("dynamic shared memory", r.result())?;
+        self.dyn_smem.retain(|&(g, _)| g != f);
+        self.dyn_smem.push((f, bytes));
+        self.occupancy.borrow_mut().retain(|&(g, _, _)| g != f);
+        Ok(())
+    }
+
+    fn dyn_smem_of(&self, f: sys::CUfunction) -> u32 {
+        self.dyn_smem
+            .iter()
+            .find(|&&(g, _)| g == f)
+            .map_or(0, |&(_, b)| b)
+    }
+
     /// Blocks of `block` threads of `f` that one SM holds at once (at
     /// least 1).
     pub(crate) fn blocks_per_sm(&self, f: sys::CUfunction, block: u32) -> u32 {
@@ -632,8 +661,14 @@ impl Gpu {
         }
         let mut n: std::ffi::c_int = 0;
         // SAFETY: f is a live function of this context; n is written.
-        let r =
-            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, 0) };
+        let r = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                f,
+                block as i32,
+                self.dyn_smem_of(f) as usize,
+            )
+        };
         let n = if r == sys::CUresult::CUDA_SUCCESS {
             n.max(1) as u32
         } else {
@@ -708,6 +743,7 @@ impl Gpu {
         cluster: u32,
         ptrs: &mut [*mut c_void],
     ) -> CuResult<()> {
+        let smem = self.dyn_smem_of(f);
         // SAFETY: the arguments match the kernel's parameters (checked by
         // the callers' construction); slots outlive the call.
         if self.pdl || cluster > 1 {
@@ -738,7 +774,7 @@ impl Gpu {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: self.stream,
                 attrs: attrs.as_mut_ptr(),
                 numAttrs: na as u32,
@@ -749,7 +785,7 @@ impl Gpu {
             })
         } else {
             drv("kernel launch", unsafe {
-                dr::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, ptrs)
+                dr::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, ptrs)
             })
         }
     }

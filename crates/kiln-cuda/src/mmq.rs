@@ -16,31 +16,66 @@ use kiln_format::GgmlType;
 
 /// Warps a block, 16 rows each (MMQ_WARPS in mmq.cu).
 const WARPS: usize = 4;
-/// Tokens a block (MMQ_TOK in mmq.cu): the grid's third dimension covers more.
-const TOKENS: usize = 64;
-/// Blocks of a product we aim for, per SM: three fit (the kernels' launch
-/// bounds), one more covers the uneven end.
-const BLOCKS_PER_SM: usize = 4;
-/// Most splits of a matrix.
+/// Stages of a block's copy pipeline, a run of 8 units each (MMQ_STAGES).
+const STAGES: usize = 3;
+/// A token's bytes in a stage: 8-bit x of a run, padded (MMQ_XS), and its
+/// scales and sums, padded (MMQ_DS).
+const X_BYTES: usize = 272;
+const D_BYTES: usize = 80;
+/// The kernels' token tiles (a `mmq_{type}_{NT}` each); steps of more
+/// tokens than the largest take several in the grid's third dimension.
+pub(crate) const TOKENS: [usize; 3] = [16, 32, 64];
+/// Blocks of a product we aim for, per SM (two fit with 64 tokens).
+const BLOCKS_PER_SM: usize = 2;
+/// Most splits of a matrix, and fewest runs of 8 units a split (the copy
+/// pipeline's depth and then some).
 const MAX_SPLITS: usize = 8;
+const MIN_RUNS: usize = 4;
 
-/// Kernel-table indices with an MMQ kernel, and its name suffix.
-pub(crate) fn mmq_types() -> [(usize, &'static str); 2] {
+/// Kernel-table indices with MMQ kernels, their name suffix and the bytes
+/// of a run of 8 units of a row (Mq<T>::RB in mmq.cu).
+pub(crate) fn mmq_types() -> [(usize, &'static str, usize); 2] {
     [
-        (REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r"),
-        (REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r"),
+        (REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r", 144),
+        (REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r", 272),
     ]
 }
 
+/// Dynamic shared memory of a block of the kernel for runs of `run_bytes`
+/// a row and `tokens` tokens (MMQ_STAGES x mmq_stage_bytes in mmq.cu).
+pub(crate) fn smem_bytes(run_bytes: usize, tokens: usize) -> usize {
+    STAGES * (16 * WARPS * run_bytes + tokens * (X_BYTES + D_BYTES))
+}
+
+/// The kernels of a type (`mmq_{name}_{NT}` for each of [`TOKENS`]), each
+/// given its dynamic shared memory.
+pub(crate) fn load(gpu: &mut Gpu, name: &str, run_bytes: usize) -> CuResult<[CUfunction; 3]> {
+    let mut out = [std::ptr::null_mut(); 3];
+    for (f, nt) in out.iter_mut().zip(TOKENS) {
+        *f = gpu.func(&format!("mmq_{name}_{nt}"))?;
+        gpu.set_dyn_smem(*f, smem_bytes(run_bytes, nt) as u32)?;
+    }
+    Ok(out)
+}
+
+/// The token tile (index into [`TOKENS`]) for a step of `n` tokens: the
+/// smallest that holds them, else the largest.
+pub(crate) fn tile_for(n: usize) -> usize {
+    TOKENS
+        .iter()
+        .position(|&t| n <= t)
+        .unwrap_or(TOKENS.len() - 1)
+}
+
 /// How many splits the units of a `rows` x `cols` matrix are cut into on a
-/// GPU of `sms` SMs: enough blocks to fill it, each split at least two runs
-/// of 8 units.
+/// GPU of `sms` SMs: enough blocks to fill it, each split at least
+/// MIN_RUNS runs of 8 units where the row has them.
 pub(crate) fn splits(rows: usize, cols: usize, sms: usize) -> usize {
     let blocks = rows.div_ceil(16 * WARPS);
     let runs = cols / 256;
     (BLOCKS_PER_SM * sms)
         .div_ceil(blocks)
-        .clamp(1, (runs / 2).max(1))
+        .clamp(1, (runs / MIN_RUNS).max(1))
         .min(MAX_SPLITS)
 }
 
@@ -63,10 +98,17 @@ pub(crate) struct MmqCall {
 }
 
 impl MmqCall {
-    /// Enqueues the product (`f`: the type's `mmq_*`), then `reduce`
+    /// Enqueues the product (`f`: the type's `mmq_*` for each of
+    /// [`TOKENS`]), then `reduce`
     /// (`mmq_reduce`) where the matrix is split. A scratch too small for
     /// the splits takes fewer of them.
-    pub(crate) fn launch(&self, gpu: &Gpu, f: CUfunction, reduce: CUfunction) -> CuResult<()> {
+    pub(crate) fn launch(
+        &self,
+        gpu: &Gpu,
+        f: &[CUfunction; 3],
+        reduce: CUfunction,
+    ) -> CuResult<()> {
+        let tile = tile_for(self.n);
         let mut s = splits(self.rows, self.cols, gpu.info.sms.max(1) as usize);
         while s > 1 && s * self.n * self.rows > self.part_floats {
             s -= 1;
@@ -74,11 +116,11 @@ impl MmqCall {
         let grid = (
             self.rows.div_ceil(16 * WARPS) as u32,
             s as u32,
-            self.n.div_ceil(TOKENS) as u32,
+            self.n.div_ceil(TOKENS[tile]) as u32,
         );
         let out = if s == 1 { self.y } else { self.part };
         gpu.launch(
-            f,
+            f[tile],
             grid,
             (32 * WARPS) as u32,
             &[
@@ -124,12 +166,42 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu_and_stay_whole_runs() {
         // Llama-3.1-8B on 132 SMs: QKV, O, gate|up, down.
-        assert_eq!(splits(6144, 4096, 132), 6);
-        assert_eq!(splits(4096, 4096, 132), 8);
-        assert_eq!(splits(28672, 4096, 132), 2);
-        assert_eq!(splits(4096, 14336, 132), 8);
-        // Two runs a split at least: 512 columns are two runs, one split.
+        assert_eq!(splits(6144, 4096, 132), 3);
+        assert_eq!(splits(4096, 4096, 132), 4);
+        assert_eq!(splits(28672, 4096, 132), 1);
+        assert_eq!(splits(4096, 14336, 132), 5);
+        // Four runs a split at least: 512 columns are two runs, one split.
         assert_eq!(splits(64, 512, 132), 1);
-        assert_eq!(splits(64, 2048, 132), 4);
+        assert_eq!(splits(64, 2048, 132), 2);
+    }
+
+    #[test]
+    fn tiles_and_shared_memory_match_the_kernels() {
+        assert_eq!(tile_for(16), 0);
+        assert_eq!(tile_for(17), 1);
+        assert_eq!(tile_for(64), 2);
+        assert_eq!(tile_for(100), 2);
+        let src = include_str!("../kernels/mmq.cu");
+        let define = |name: &str| -> usize {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} in mmq.cu"));
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!(define("MMQ_WARPS"), WARPS);
+        assert_eq!(define("MMQ_STAGES"), STAGES);
+        assert_eq!(define("MMQ_XS"), X_BYTES);
+        assert_eq!(define("MMQ_DS"), D_BYTES);
+        for (_, name, rb) in mmq_types() {
+            assert!(src.contains(&format!("static constexpr int RB = {rb};")));
+            for nt in TOKENS {
+                assert!(
+                    src.contains(&format!("MMQ({name}, ")) && src.contains(&format!(", {nt})"))
+                );
+            }
+        }
+        // Within the H100's 227 KiB a block.
+        assert!(smem_bytes(272, 64) <= 227 * 1024);
     }
 }
