@@ -48,9 +48,12 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const u32 (&a)[4], u32
 #define MMQ_BIAS 0x4B400000
 __device__ __forceinline__ float mmq_sum(int c) { return __int_as_float(c) - 12582912.0f; }
 
-// Per type: a run's bytes a row (as stored), unit j's A fragment for the
-// lane's rows g and g + 8 and their f16 scales (from the run in shared
-// memory), and a unit's contribution added to acc from its integer sum s.
+// Per type: RB, the bytes of a run of 8 units of a row as stored (a
+// super-block for the k-quants) and where they start (`src`); Stage, what a
+// lane takes from its rows g and g + 8 once a run (a k-quant's header or
+// scale); Unit, unit j's A fragments and row scales, and `tile`, which adds
+// its products with one tile of 8 tokens (x words b0, b1; tokens 2t and
+// 2t + 1's scales and sums) into the lane's four accumulators.
 template <int T>
 struct Mq;
 
@@ -58,23 +61,36 @@ struct Mq;
 // Byte i of a unit holds value i (low nibble) and i + 16 (high), so the
 // lane's word 4t..4t+3 gives both a0 (low) and a2 (high). The nibbles go
 // in unsigned, and the 8 comes off through the token's sum sx:
-// w . x = d * dx * (s - 8 Σq).
+// w . x = d * (dx * s - 8 sx).
 template <>
 struct Mq<T_Q4_0R> {
     static constexpr int RB = 144;
-    static __device__ __forceinline__ void frag(const u8* sg, const u8* sg8, int j, int t, u32 (&a)[4], float& dg,
-                                                float& dg8) {
-        u32 w0 = *(const u32*)(sg + 16 * j + 4 * t), w1 = *(const u32*)(sg8 + 16 * j + 4 * t);
-        a[0] = w0 & 0x0f0f0f0fu;
-        a[1] = w1 & 0x0f0f0f0fu;
-        a[2] = (w0 >> 4) & 0x0f0f0f0fu;
-        a[3] = (w1 >> 4) & 0x0f0f0f0fu;
-        dg = h2f(*(const u16*)(sg + 128 + 2 * j));
-        dg8 = h2f(*(const u16*)(sg8 + 128 + 2 * j));
-    }
-    static __device__ __forceinline__ float add(float acc, float d, float s, float dx, float sx) {
-        return fmaf(d, fmaf(dx, s, -8.0f * sx), acc);
-    }
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    struct Stage {
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
+    };
+    struct Unit {
+        u32 a[4];
+        float dg, dg8;
+        __device__ __forceinline__ Unit(const Stage&, const u8* sg, const u8* sg8, int j, int t) {
+            u32 w0 = *(const u32*)(sg + 16 * j + 4 * t), w1 = *(const u32*)(sg8 + 16 * j + 4 * t);
+            a[0] = w0 & 0x0f0f0f0fu;
+            a[1] = w1 & 0x0f0f0f0fu;
+            a[2] = (w0 >> 4) & 0x0f0f0f0fu;
+            a[3] = (w1 >> 4) & 0x0f0f0f0fu;
+            dg = h2f(*(const u16*)(sg + 128 + 2 * j));
+            dg8 = h2f(*(const u16*)(sg8 + 128 + 2 * j));
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c[4];
+            mma_s8_16832(c, a, b0, b1, MMQ_BIAS);
+            acc[0] = fmaf(dg, fmaf(dxa, mmq_sum(c[0]), -8.0f * sxa), acc[0]);
+            acc[1] = fmaf(dg, fmaf(dxb, mmq_sum(c[1]), -8.0f * sxb), acc[1]);
+            acc[2] = fmaf(dg8, fmaf(dxa, mmq_sum(c[2]), -8.0f * sxa), acc[2]);
+            acc[3] = fmaf(dg8, fmaf(dxb, mmq_sum(c[3]), -8.0f * sxb), acc[3]);
+        }
+    };
 };
 
 // Repacked Q8_0 (runs of 8 units: 8 x 32 quant bytes, then 8 f16 scales):
@@ -82,23 +98,162 @@ struct Mq<T_Q4_0R> {
 template <>
 struct Mq<T_Q8_0R> {
     static constexpr int RB = 272;
-    static __device__ __forceinline__ void frag(const u8* sg, const u8* sg8, int j, int t, u32 (&a)[4], float& dg,
-                                                float& dg8) {
-        a[0] = *(const u32*)(sg + 32 * j + 4 * t);
-        a[1] = *(const u32*)(sg8 + 32 * j + 4 * t);
-        a[2] = *(const u32*)(sg + 32 * j + 16 + 4 * t);
-        a[3] = *(const u32*)(sg8 + 32 * j + 16 + 4 * t);
-        dg = h2f(*(const u16*)(sg + 256 + 2 * j));
-        dg8 = h2f(*(const u16*)(sg8 + 256 + 2 * j));
-    }
-    static __device__ __forceinline__ float add(float acc, float d, float s, float dx, float sx) {
-        return fmaf(d * dx, s, acc);
-    }
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    struct Stage {
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
+    };
+    struct Unit {
+        u32 a[4];
+        float dg, dg8;
+        __device__ __forceinline__ Unit(const Stage&, const u8* sg, const u8* sg8, int j, int t) {
+            a[0] = *(const u32*)(sg + 32 * j + 4 * t);
+            a[1] = *(const u32*)(sg8 + 32 * j + 4 * t);
+            a[2] = *(const u32*)(sg + 32 * j + 16 + 4 * t);
+            a[3] = *(const u32*)(sg8 + 32 * j + 16 + 4 * t);
+            dg = h2f(*(const u16*)(sg + 256 + 2 * j));
+            dg8 = h2f(*(const u16*)(sg8 + 256 + 2 * j));
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c[4];
+            mma_s8_16832(c, a, b0, b1, MMQ_BIAS);
+            acc[0] = fmaf(dg * dxa, mmq_sum(c[0]), acc[0]);
+            acc[1] = fmaf(dg * dxb, mmq_sum(c[1]), acc[1]);
+            acc[2] = fmaf(dg8 * dxa, mmq_sum(c[2]), acc[2]);
+            acc[3] = fmaf(dg8 * dxb, mmq_sum(c[3]), acc[3]);
+        }
+    };
 };
 
+// Repacked Q4_K (super-blocks of 144 bytes: the 16-byte header, then 8
+// units of 16 quant bytes laid out as repacked Q4_0's). Unit j's value
+// w = d sc_j q - dmin m_j (k4_hsum's scale and min from the header), so
+// w . x = d sc_j dx s - dmin m_j sx.
+template <>
+struct Mq<T_Q4_KR> {
+    static constexpr int RB = 144;
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    struct Stage {
+        uint4 hg, hg8;
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8)
+            : hg(*(const uint4*)sg), hg8(*(const uint4*)sg8) {}
+    };
+    // Unit j's d sc_j and dmin m_j from a header (k4_hsum's selection).
+    static __device__ __forceinline__ void scale_min(const uint4& h, int j, float& ds, float& dm) {
+        int sh = 8 * (j & 3);
+        u32 lo = h.y >> sh, mid = h.z >> sh, hi = h.w >> sh;
+        int sc, m;
+        if (j < 4) {
+            sc = (int)(lo & 63);
+            m = (int)(mid & 63);
+        } else {
+            sc = (int)((hi & 15) | (((lo >> 6) & 3) << 4));
+            m = (int)(((hi >> 4) & 15) | (((mid >> 6) & 3) << 4));
+        }
+        ds = h2f((u16)(h.x & 0xffff)) * (float)sc;
+        dm = h2f((u16)(h.x >> 16)) * (float)m;
+    }
+    struct Unit {
+        u32 a[4];
+        float dg, dg8, mg, mg8;
+        __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
+            u32 w0 = *(const u32*)(sg + 16 + 16 * j + 4 * t), w1 = *(const u32*)(sg8 + 16 + 16 * j + 4 * t);
+            a[0] = w0 & 0x0f0f0f0fu;
+            a[1] = w1 & 0x0f0f0f0fu;
+            a[2] = (w0 >> 4) & 0x0f0f0f0fu;
+            a[3] = (w1 >> 4) & 0x0f0f0f0fu;
+            scale_min(st.hg, j, dg, mg);
+            scale_min(st.hg8, j, dg8, mg8);
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c[4];
+            mma_s8_16832(c, a, b0, b1, MMQ_BIAS);
+            acc[0] = fmaf(dg, dxa * mmq_sum(c[0]), fmaf(-mg, sxa, acc[0]));
+            acc[1] = fmaf(dg, dxb * mmq_sum(c[1]), fmaf(-mg, sxb, acc[1]));
+            acc[2] = fmaf(dg8, dxa * mmq_sum(c[2]), fmaf(-mg8, sxa, acc[2]));
+            acc[3] = fmaf(dg8, dxb * mmq_sum(c[3]), fmaf(-mg8, sxb, acc[3]));
+        }
+    };
+};
+
+// d = A B (16 x 16 s8, 16 x 8 s8), s32: a0 = A[g][4t..], a1 = A[g + 8][4t..],
+// b0 = B[4t..][g]; d as mma_s8_16832's.
+__device__ __forceinline__ void mma_s8_16816(int (&d)[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Repacked Q6_K (208-byte records: 8 units of 16 low-nibble bytes, 8 x 8
+// bytes of high bit pairs, 16 int8 scales; the super-blocks' f16 d
+// elsewhere in the row, copied as the 4-byte word holding it). A unit's
+// halves (values 0-15 and 16-31) have their own scales, so each is one
+// k = 16 product: a0 / a1 hold half 0's values 4t..4t+3 of rows g / g + 8,
+// a2 / a3 half 1's. Values q - 32 (q < 64): (q + 96) ^ 128 bytewise.
+// w . x = d dx (sc_0 s_0 + sc_1 s_1), the integer part exact.
+template <>
+struct Mq<T_Q6_KR> {
+    static constexpr int RB = 208;
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_rec(row, run); }
+    // The 4-byte word holding super-block `run`'s d, and which half.
+    static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
+        return (const u8*)((u64)q6kr_dp(row, run, runs) & ~(u64)3);
+    }
+    static __device__ __forceinline__ int dhalf(const u8* row, int run, int runs) {
+        return (int)(((u64)q6kr_dp(row, run, runs) >> 1) & 1);
+    }
+    struct Stage {
+        float dg, dg8;
+        // eg / eg8: the word and, in bit 0 of its pair index, the half.
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {
+            dg = h2f((u16)eg);
+            dg8 = h2f((u16)eg8);
+        }
+    };
+    static __device__ __forceinline__ u32 q6(u32 lo, u32 hi) { return ((lo | (hi << 4)) + 0x60606060u) ^ 0x80808080u; }
+    struct Unit {
+        u32 a[4];
+        int sg0, sg1, sg80, sg81;
+        float dg, dg8;
+        __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
+            u32 lg = *(const u32*)(sg + 16 * j + 4 * t), lg8 = *(const u32*)(sg8 + 16 * j + 4 * t);
+            uint2 hg = *(const uint2*)(sg + 128 + 8 * j), hg8 = *(const uint2*)(sg8 + 128 + 8 * j);
+            a[0] = q6(lg & 0x0f0f0f0fu, (hg.x >> (2 * t)) & 0x03030303u);
+            a[1] = q6(lg8 & 0x0f0f0f0fu, (hg8.x >> (2 * t)) & 0x03030303u);
+            a[2] = q6((lg >> 4) & 0x0f0f0f0fu, (hg.y >> (2 * t)) & 0x03030303u);
+            a[3] = q6((lg8 >> 4) & 0x0f0f0f0fu, (hg8.y >> (2 * t)) & 0x03030303u);
+            sg0 = (int)(i8)sg[192 + 2 * j];
+            sg1 = (int)(i8)sg[193 + 2 * j];
+            sg80 = (int)(i8)sg8[192 + 2 * j];
+            sg81 = (int)(i8)sg8[193 + 2 * j];
+            dg = st.dg;
+            dg8 = st.dg8;
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c0[4], c1[4];
+            mma_s8_16816(c0, a[0], a[1], b0);
+            mma_s8_16816(c1, a[2], a[3], b1);
+            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
+            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
+            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
+            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
+        }
+    };
+};
+
+// Whether a type's rows keep a word a run outside the run's bytes (Q6_K's d).
+template <int T>
+__host__ __device__ constexpr bool mmq_extra() {
+    return T == T_Q6_KR;
+}
+
+// A stage: the block's rows' run bytes, the tokens' x and scales / sums,
+// then a word a row (mmq_extra).
 template <int T, int NT>
 __host__ __device__ constexpr int mmq_stage_bytes() {
-    return MMQ_ROWS * Mq<T>::RB + NT * (MMQ_XS + MMQ_DS);
+    return MMQ_ROWS * Mq<T>::RB + NT * (MMQ_XS + MMQ_DS) + 4 * MMQ_ROWS;
 }
 
 // y[t][r] = W[r] . x[t] + bias[r] (splits == 1), else this split's sums into
@@ -109,8 +264,9 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
                                          const float* __restrict__ xs, int n, float* __restrict__ y,
                                          int ystride, const float* __restrict__ bias, float* __restrict__ part) {
     extern __shared__ __align__(16) u8 mmq_smem[];
-    constexpr int RB = Mq<T>::RB, S = MMQ_STAGES, TILES = NT / 8;
-    constexpr int WB = MMQ_ROWS * RB, XB = NT * MMQ_XS, SB = mmq_stage_bytes<T, NT>();
+    using M = Mq<T>;
+    constexpr int RB = M::RB, S = MMQ_STAGES, TILES = NT / 8;
+    constexpr int WB = MMQ_ROWS * RB, XB = NT * MMQ_XS, DB = NT * MMQ_DS, SB = mmq_stage_bytes<T, NT>();
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     int rb0 = blockIdx.x * MMQ_ROWS;
     int units = cols >> 5, runs = units >> 3;
@@ -118,13 +274,18 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     // This split's runs, as evenly as they go.
     int rs = (int)((long long)runs * sp / splits), nr = (int)((long long)runs * (sp + 1) / splits) - rs;
     int t0 = blockIdx.z * NT;
+    auto row_ptr = [&](int r) { return W + (u64)min(r, rows - 1) * row_bytes; };
     // Stage copies. Rows past the end copy the last row (never written).
     auto copy_w = [&](int i) {
         u8* st = mmq_smem + (i % S) * SB;
-        const u8* src = W + (u64)(rs + i) * RB;
         for (int c = tid; c < MMQ_ROWS * (RB / 16); c += 32 * MMQ_WARPS) {
             int row = c / (RB / 16), k = c % (RB / 16);
-            cp_async16(smem_u32(st + row * RB + 16 * k), src + (u64)min(rb0 + row, rows - 1) * row_bytes + 16 * k);
+            cp_async16(smem_u32(st + row * RB + 16 * k), M::src(row_ptr(rb0 + row), rs + i, runs) + 16 * k);
+        }
+        if (mmq_extra<T>()) {
+            for (int row = tid; row < MMQ_ROWS; row += 32 * MMQ_WARPS)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(st + WB + XB + DB + 4 * row)),
+                             "l"(Mq<T_Q6_KR>::dword(row_ptr(rb0 + row), rs + i, runs)));
         }
     };
     // Tokens past the last are zeros.
@@ -154,9 +315,10 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     }
     float acc[TILES][4];
 #pragma unroll
-    for (int j = 0; j < TILES; j++)
+    for (int k = 0; k < TILES; k++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+        for (int i = 0; i < 4; i++) acc[k][i] = 0.0f;
+    int rg = rb0 + warp * 16 + g;
     for (int i = 0; i < nr; i++) {
         cp_async_wait<S - 2>();
         __syncthreads();  // stage i landed for every thread; stage i - 1 is read by none
@@ -167,26 +329,26 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
         cp_async_commit();
         const u8* st = mmq_smem + (i % S) * SB;
         const u8* sg = st + (warp * 16 + g) * RB;
+        const u8* sg8 = sg + 8 * RB;
         const u8* sx = st + WB;
         const float* sd = (const float*)(st + WB + XB);
+        u32 eg = 0, eg8 = 0;
+        if (mmq_extra<T>()) {
+            const u32* ex = (const u32*)(st + WB + XB + DB) + warp * 16 + g;
+            eg = ex[0] >> (16 * Mq<T_Q6_KR>::dhalf(row_ptr(rg), rs + i, runs));
+            eg8 = ex[8] >> (16 * Mq<T_Q6_KR>::dhalf(row_ptr(rg + 8), rs + i, runs));
+        }
+        typename M::Stage stg(sg, sg8, eg, eg8);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            u32 a[4];
-            float dg, dg8;
-            Mq<T>::frag(sg, sg + 8 * RB, j, t, a, dg, dg8);
+            typename M::Unit un(stg, sg, sg8, j, t);
 #pragma unroll
             for (int k = 0; k < TILES; k++) {
                 const u8* xp = sx + (8 * k + g) * MMQ_XS + 32 * j + 4 * t;
-                int c[4];
-                mma_s8_16832(c, a, *(const u32*)xp, *(const u32*)(xp + 16), MMQ_BIAS);
                 // Tokens 8k + 2t and 8k + 2t + 1: their scale and sum of unit j.
                 const float* da = sd + (8 * k + 2 * t) * (MMQ_DS / 4);
                 const float* db = da + MMQ_DS / 4;
-                float dxa = da[j], sxa = da[8 + j], dxb = db[j], sxb = db[8 + j];
-                acc[k][0] = Mq<T>::add(acc[k][0], dg, mmq_sum(c[0]), dxa, sxa);
-                acc[k][1] = Mq<T>::add(acc[k][1], dg, mmq_sum(c[1]), dxb, sxb);
-                acc[k][2] = Mq<T>::add(acc[k][2], dg8, mmq_sum(c[2]), dxa, sxa);
-                acc[k][3] = Mq<T>::add(acc[k][3], dg8, mmq_sum(c[3]), dxb, sxb);
+                un.tile(acc[k], *(const u32*)xp, *(const u32*)(xp + 16), da[j], da[8 + j], db[j], db[8 + j]);
             }
         }
     }
@@ -218,6 +380,12 @@ MMQ(q4_0r, T_Q4_0R, 64)
 MMQ(q8_0r, T_Q8_0R, 16)
 MMQ(q8_0r, T_Q8_0R, 32)
 MMQ(q8_0r, T_Q8_0R, 64)
+MMQ(q4_kr, T_Q4_KR, 16)
+MMQ(q4_kr, T_Q4_KR, 32)
+MMQ(q4_kr, T_Q4_KR, 64)
+MMQ(q6_kr, T_Q6_KR, 16)
+MMQ(q6_kr, T_Q6_KR, 32)
+MMQ(q6_kr, T_Q6_KR, 64)
 
 // y[t][r] = the splits' sums of mmq_* added in split order, + bias[r].
 extern "C" __global__ void mmq_reduce(const float* part, int splits, int n, int rows, float* y, int ystride,

@@ -316,6 +316,10 @@ pub(crate) fn mvq_narrow(ty: GgmlType, repacked: bool, cols: usize) -> bool {
 /// weight load shared by 8 tokens), so a sequence's result does not depend
 /// on the batch it is in.
 const MV_TOKENS_MAX: usize = 64;
+/// Most tokens a step may have for the tensor-core products of quantized
+/// weights ([`CudaBackend::uses_mmq`]; `$KILN_CUDA_MMQ_MAX` sets it,
+/// `$KILN_CUDA_MMQ=0` turns them off).
+const MMQ_TOKENS_MAX: usize = 128;
 /// Tokens per block row of `mv*_nt_*` (MV_NT in gemv.cu).
 const MV_NT: usize = 8;
 /// Rows per warp of `mvf_nt_*` (MVF_NT_R in gemv.cu).
@@ -1240,10 +1244,9 @@ pub struct CudaBackend {
     gemm_min_float: usize,
     /// See [`CudaOptions::exact`].
     exact: bool,
-    /// Batched steps of quantized products through the tensor-core
-    /// kernels ([`Self::uses_mmq`]; `$KILN_CUDA_MMQ=0`: dequantization and
-    /// cuBLAS instead, for A/B).
-    mmq: bool,
+    /// Most tokens of a step whose quantized products go through the
+    /// tensor-core kernels ([`Self::uses_mmq`]; MMQ_TOKENS_MAX, 0: none).
+    mmq_max: usize,
     /// Most slices per row of the greedy argmax (`$KILN_CUDA_ARGMAX_SLICES`,
     /// default and at most ARGMAX_SLICES).
     argmax_max: usize,
@@ -1870,7 +1873,12 @@ impl CudaBackend {
             att_gemm_cap = 0;
             0
         };
-        let xq_cols = widest.div_ceil(32) * 32 * b.min(MV_TOKENS_MAX);
+        let mmq_max = if std::env::var("KILN_CUDA_MMQ").is_ok_and(|v| v == "0") {
+            0
+        } else {
+            env_parse("KILN_CUDA_MMQ_MAX").unwrap_or(MMQ_TOKENS_MAX)
+        };
+        let xq_cols = widest.div_ceil(32) * 32 * b.min(MV_TOKENS_MAX.max(mmq_max));
         let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
@@ -2172,7 +2180,7 @@ impl CudaBackend {
                 gemm_min_float_opt
             },
             exact: opts.exact,
-            mmq: std::env::var("KILN_CUDA_MMQ").map_or(true, |v| v != "0"),
+            mmq_max,
             argmax_max: std::env::var("KILN_CUDA_ARGMAX_SLICES")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -3081,12 +3089,11 @@ impl CudaBackend {
 
     /// Whether the product of `mat` over `n` tokens is a tensor-core one
     /// ([`MmqCall`]): steps past the few-token GEMVs (`mv_path`) whose 8-bit
-    /// activations fit the decode scratch (MV_TOKENS_MAX tokens).
+    /// activations fit the decode scratch (`mmq_max` tokens).
     fn uses_mmq(&self, mat: &DMat, n: usize) -> bool {
-        self.mmq
-            && !self.exact
+        !self.exact
             && n > 1
-            && n <= MV_TOKENS_MAX.min(self.max_batch)
+            && n <= self.mmq_max.min(self.max_batch)
             && !self.mv_path(n)
             && self.k.mmq[mat.kernel].is_some()
     }

@@ -34,17 +34,21 @@ const MIN_RUNS: usize = 4;
 
 /// Kernel-table indices with MMQ kernels, their name suffix and the bytes
 /// of a run of 8 units of a row (Mq<T>::RB in mmq.cu).
-pub(crate) fn mmq_types() -> [(usize, &'static str, usize); 2] {
+pub(crate) fn mmq_types() -> [(usize, &'static str, usize); 4] {
+    let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
-        (REPACKED + GgmlType::Q4_0.id() as usize, "q4_0r", 144),
-        (REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r", 272),
+        (r(GgmlType::Q4_0), "q4_0r", 144),
+        (r(GgmlType::Q8_0), "q8_0r", 272),
+        (r(GgmlType::Q4K), "q4_kr", 144),
+        (r(GgmlType::Q6K), "q6_kr", 208),
     ]
 }
 
 /// Dynamic shared memory of a block of the kernel for runs of `run_bytes`
-/// a row and `tokens` tokens (MMQ_STAGES x mmq_stage_bytes in mmq.cu).
+/// a row and `tokens` tokens (MMQ_STAGES x mmq_stage_bytes in mmq.cu: the
+/// rows' runs, the tokens' x and scales, a word a row).
 pub(crate) fn smem_bytes(run_bytes: usize, tokens: usize) -> usize {
-    STAGES * (16 * WARPS * run_bytes + tokens * (X_BYTES + D_BYTES))
+    STAGES * (16 * WARPS * (run_bytes + 4) + tokens * (X_BYTES + D_BYTES))
 }
 
 /// The kernels of a type (`mmq_{name}_{NT}` for each of [`TOKENS`]), each
