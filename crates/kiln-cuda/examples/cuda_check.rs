@@ -335,7 +335,13 @@ fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     println!("| type | rows x cols | tokens | max rel err vs f64 on the kernel's inputs | 16/37/64 tokens = 100, bit for bit | max rel diff vs mvq_nt (16 tokens) |");
     println!("|---|---|---|---|---|---|");
     let mut rng = Rng(0x5151_7a7a_0101_c3c3);
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ] {
         for (rows, cols) in [(37, 2048), (200, 2304), (37, 4608), (130, 16640)] {
             let w = random_blocks(ty, rows * cols, &mut rng, 0.5);
             let mut deq = vec![0.0f32; rows * cols];

@@ -177,6 +177,26 @@ struct Mq<T_Q4_KR> {
     };
 };
 
+// Repacked Q5_K (super-blocks of 176 bytes: Q4_K's header and nibbles, then
+// a word of fifth bits a unit, bit v for value v): as Q4_K with each value's
+// fifth bit (spread4) above its nibble.
+template <>
+struct Mq<T_Q5_KR> {
+    static constexpr int RB = 176;
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    using Stage = Mq<T_Q4_KR>::Stage;
+    struct Unit : Mq<T_Q4_KR>::Unit {
+        __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t)
+            : Mq<T_Q4_KR>::Unit(st, sg, sg8, j, t) {
+            u32 h = *(const u32*)(sg + 144 + 4 * j), h8 = *(const u32*)(sg8 + 144 + 4 * j);
+            a[0] |= spread4(h >> (4 * t));
+            a[1] |= spread4(h8 >> (4 * t));
+            a[2] |= spread4(h >> (16 + 4 * t));
+            a[3] |= spread4(h8 >> (16 + 4 * t));
+        }
+    };
+};
+
 // d = A B (16 x 16 s8, 16 x 8 s8), s32: a0 = A[g][4t..], a1 = A[g + 8][4t..],
 // b0 = B[4t..][g]; d as mma_s8_16832's.
 __device__ __forceinline__ void mma_s8_16816(int (&d)[4], u32 a0, u32 a1, u32 b0) {
@@ -383,6 +403,9 @@ MMQ(q8_0r, T_Q8_0R, 64)
 MMQ(q4_kr, T_Q4_KR, 16)
 MMQ(q4_kr, T_Q4_KR, 32)
 MMQ(q4_kr, T_Q4_KR, 64)
+MMQ(q5_kr, T_Q5_KR, 16)
+MMQ(q5_kr, T_Q5_KR, 32)
+MMQ(q5_kr, T_Q5_KR, 64)
 MMQ(q6_kr, T_Q6_KR, 16)
 MMQ(q6_kr, T_Q6_KR, 32)
 MMQ(q6_kr, T_Q6_KR, 64)

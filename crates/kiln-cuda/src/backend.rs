@@ -872,7 +872,7 @@ struct Kernels {
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per kernel-table index: the tensor-core product of batched steps
     /// (`mmq_*`, [`MmqCall`]), and the sum of its splits.
-    mmq: Vec<Option<[cudarc::driver::sys::CUfunction; 3]>>,
+    mmq: Vec<Option<([cudarc::driver::sys::CUfunction; 3], usize)>>,
     mmq_reduce: cudarc::driver::sys::CUfunction,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
@@ -952,8 +952,8 @@ impl Kernels {
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
         let mut mmq = vec![None; 64];
-        for (id, n, run_bytes) in mmq_types() {
-            mmq[id] = Some(crate::mmq::load(gpu, n, run_bytes)?);
+        for m in mmq_types() {
+            mmq[m.id] = Some((crate::mmq::load(gpu, m.name, m.run_bytes)?, m.max_tokens));
         }
         for ty in GgmlType::ALL {
             let id = ty.id() as usize;
@@ -2645,9 +2645,11 @@ impl CudaBackend {
         if o.fuse != Fuse::None {
             return self.mm_fused(mat, o);
         }
-        if let (true, Some(f), Some(part)) =
-            (self.uses_mmq(mat, o.n), self.k.mmq[mat.kernel], &self.s.wh)
-        {
+        if let (true, Some(f), Some(part)) = (
+            self.uses_mmq(mat, o.n),
+            self.k.mmq[mat.kernel].map(|(f, _)| f),
+            &self.s.wh,
+        ) {
             // The GEMM path's dequantization scratch holds the splits' sums.
             let call = MmqCall {
                 w: mat.ptr(),
@@ -3089,13 +3091,14 @@ impl CudaBackend {
 
     /// Whether the product of `mat` over `n` tokens is a tensor-core one
     /// ([`MmqCall`]): steps past the few-token GEMVs (`mv_path`) whose 8-bit
-    /// activations fit the decode scratch (`mmq_max` tokens).
+    /// activations fit the decode scratch (`mmq_max` tokens), up to the
+    /// type's own bound (`MmqType::max_tokens`).
     fn uses_mmq(&self, mat: &DMat, n: usize) -> bool {
         !self.exact
             && n > 1
             && n <= self.mmq_max.min(self.max_batch)
             && !self.mv_path(n)
-            && self.k.mmq[mat.kernel].is_some()
+            && self.k.mmq[mat.kernel].is_some_and(|(_, max)| n <= max)
     }
 
     /// Whether products over `n` tokens use the decode GEMVs.

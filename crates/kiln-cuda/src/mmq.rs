@@ -32,15 +32,34 @@ const BLOCKS_PER_SM: usize = 2;
 const MAX_SPLITS: usize = 8;
 const MIN_RUNS: usize = 4;
 
-/// Kernel-table indices with MMQ kernels, their name suffix and the bytes
-/// of a run of 8 units of a row (Mq<T>::RB in mmq.cu).
-pub(crate) fn mmq_types() -> [(usize, &'static str, usize); 4] {
-    let r = |t: GgmlType| REPACKED + t.id() as usize;
+/// A type with MMQ kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct MmqType {
+    /// Kernel-table index (the repacked layout's).
+    pub id: usize,
+    /// The kernels' name suffix.
+    pub name: &'static str,
+    /// Bytes of a run of 8 units of a row (Mq<T>::RB in mmq.cu).
+    pub run_bytes: usize,
+    /// Most tokens a step may have for these kernels to beat dequantization
+    /// and cuBLAS (8B / 1B shapes on the H100, NOTES.md item 74: at 128
+    /// tokens Q4_0 / Q8_0 / Q4_K gain 4-11% on the 8B, Q5_K loses 2.6%).
+    pub max_tokens: usize,
+}
+
+pub(crate) fn mmq_types() -> [MmqType; 5] {
+    let t = |ty: GgmlType, name, run_bytes, max_tokens| MmqType {
+        id: REPACKED + ty.id() as usize,
+        name,
+        run_bytes,
+        max_tokens,
+    };
     [
-        (r(GgmlType::Q4_0), "q4_0r", 144),
-        (r(GgmlType::Q8_0), "q8_0r", 272),
-        (r(GgmlType::Q4K), "q4_kr", 144),
-        (r(GgmlType::Q6K), "q6_kr", 208),
+        t(GgmlType::Q4_0, "q4_0r", 144, 128),
+        t(GgmlType::Q8_0, "q8_0r", 272, 128),
+        t(GgmlType::Q4K, "q4_kr", 144, 128),
+        t(GgmlType::Q5K, "q5_kr", 176, 64),
+        t(GgmlType::Q6K, "q6_kr", 208, 128),
     ]
 }
 
@@ -197,12 +216,14 @@ mod tests {
         assert_eq!(define("MMQ_STAGES"), STAGES);
         assert_eq!(define("MMQ_XS"), X_BYTES);
         assert_eq!(define("MMQ_DS"), D_BYTES);
-        for (_, name, rb) in mmq_types() {
+        for m in mmq_types() {
+            let rb = m.run_bytes;
             assert!(src.contains(&format!("static constexpr int RB = {rb};")));
             for nt in TOKENS {
-                assert!(
-                    src.contains(&format!("MMQ({name}, ")) && src.contains(&format!(", {nt})"))
-                );
+                let kernel = format!("MMQ({}, ", m.name);
+                assert!(src
+                    .lines()
+                    .any(|l| l.starts_with(&kernel) && l.ends_with(&format!(", {nt})"))));
             }
         }
         // Within the H100's 227 KiB a block.

@@ -315,11 +315,11 @@ pub fn matmul_mmq(
 ) -> CuResult<(Vec<f32>, Vec<i8>, Vec<f32>)> {
     let p = product_buffers(gpu, ty, w, rows, cols, true, &x[..n * cols], n * rows)?;
     let name = p.repacked.unwrap_or_default();
-    let (_, _, run_bytes) = crate::mmq::mmq_types()
+    let m = crate::mmq::mmq_types()
         .into_iter()
-        .find(|&(_, n, _)| n == name)
+        .find(|m| m.name == name)
         .ok_or_else(|| CudaError(format!("no mmq kernel for {ty}")))?;
-    let f = crate::mmq::load(gpu, name, run_bytes)?;
+    let f = crate::mmq::load(gpu, name, m.run_bytes)?;
     let reduce = gpu.func("mmq_reduce")?;
     let (q, d, s) = quantize_q8(gpu, &p.x, n * cols / 32)?;
     let part_floats = crate::mmq::splits(rows, cols, gpu.info.sms.max(1) as usize) * n * rows;
