@@ -588,13 +588,12 @@ __device__ __forceinline__ float k4_sum(float d, float dmin, int sc, int m, int 
     return d * (float)sc * dx * (float)s - dmin * (float)m * sx;
 }
 
-// k4_sum for unit j of a repacked Q4_K / Q5_K super-block from its header
-// words (h.x = d | dmin << 16, h.y / h.z / h.w = scale bytes 0-3 / 4-7 /
-// 8-11; k4_scale_i's selection by shifts).
-__device__ __forceinline__ float k4_hsum(const uint4& h, int j, int s, float dx, float sx) {
+// Unit j's 6-bit scale and min from a repacked Q4_K / Q5_K super-block's
+// header words (h.x = d | dmin << 16, h.y / h.z / h.w = scale bytes 0-3 /
+// 4-7 / 8-11; k4_scale_i's selection by shifts).
+__device__ __forceinline__ void k4_hscale(const uint4& h, int j, int& sc, int& m) {
     int sh = 8 * (j & 3);
     u32 lo = h.y >> sh, mid = h.z >> sh, hi = h.w >> sh;
-    int sc, m;
     if (j < 4) {
         sc = (int)(lo & 63);
         m = (int)(mid & 63);
@@ -602,6 +601,12 @@ __device__ __forceinline__ float k4_hsum(const uint4& h, int j, int s, float dx,
         sc = (int)((hi & 15) | (((lo >> 6) & 3) << 4));
         m = (int)(((hi >> 4) & 15) | (((mid >> 6) & 3) << 4));
     }
+}
+
+// k4_sum for unit j of a repacked Q4_K / Q5_K super-block from its header.
+__device__ __forceinline__ float k4_hsum(const uint4& h, int j, int s, float dx, float sx) {
+    int sc, m;
+    k4_hscale(h, j, sc, m);
     return k4_sum(h2f((u16)(h.x & 0xffff)), h2f((u16)(h.x >> 16)), sc, m, s, dx, sx);
 }
 

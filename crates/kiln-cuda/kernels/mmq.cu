@@ -57,18 +57,24 @@ __device__ __forceinline__ float mmq_sum(int c) { return __int_as_float(c) - 125
 template <int T>
 struct Mq;
 
+// Rows of runs (or super-blocks) of RB_ bytes back to back, nothing taken
+// once a run beyond them.
+template <int RB_>
+struct MqRuns {
+    static constexpr int RB = RB_;
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    struct Stage {
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
+    };
+};
+
 // Repacked Q4_0 (runs of 8 units: 8 x 16 quant bytes, then 8 f16 scales).
 // Byte i of a unit holds value i (low nibble) and i + 16 (high), so the
 // lane's word 4t..4t+3 gives both a0 (low) and a2 (high). The nibbles go
 // in unsigned, and the 8 comes off through the token's sum sx:
 // w . x = d * (dx * s - 8 sx).
 template <>
-struct Mq<T_Q4_0R> {
-    static constexpr int RB = 144;
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
-    struct Stage {
-        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
-    };
+struct Mq<T_Q4_0R> : MqRuns<144> {
     struct Unit {
         u32 a[4];
         float dg, dg8;
@@ -96,12 +102,7 @@ struct Mq<T_Q4_0R> {
 // Repacked Q8_0 (runs of 8 units: 8 x 32 quant bytes, then 8 f16 scales):
 // the fragment words are the unit's bytes as stored.
 template <>
-struct Mq<T_Q8_0R> {
-    static constexpr int RB = 272;
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
-    struct Stage {
-        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
-    };
+struct Mq<T_Q8_0R> : MqRuns<272> {
     struct Unit {
         u32 a[4];
         float dg, dg8;
@@ -130,26 +131,16 @@ struct Mq<T_Q8_0R> {
 // w = d sc_j q - dmin m_j (k4_hsum's scale and min from the header), so
 // w . x = d sc_j dx s - dmin m_j sx.
 template <>
-struct Mq<T_Q4_KR> {
-    static constexpr int RB = 144;
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+struct Mq<T_Q4_KR> : MqRuns<144> {
     struct Stage {
         uint4 hg, hg8;
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8)
             : hg(*(const uint4*)sg), hg8(*(const uint4*)sg8) {}
     };
-    // Unit j's d sc_j and dmin m_j from a header (k4_hsum's selection).
+    // Unit j's d sc_j and dmin m_j from a header.
     static __device__ __forceinline__ void scale_min(const uint4& h, int j, float& ds, float& dm) {
-        int sh = 8 * (j & 3);
-        u32 lo = h.y >> sh, mid = h.z >> sh, hi = h.w >> sh;
         int sc, m;
-        if (j < 4) {
-            sc = (int)(lo & 63);
-            m = (int)(mid & 63);
-        } else {
-            sc = (int)((hi & 15) | (((lo >> 6) & 3) << 4));
-            m = (int)(((hi >> 4) & 15) | (((mid >> 6) & 3) << 4));
-        }
+        k4_hscale(h, j, sc, m);
         ds = h2f((u16)(h.x & 0xffff)) * (float)sc;
         dm = h2f((u16)(h.x >> 16)) * (float)m;
     }
@@ -181,9 +172,7 @@ struct Mq<T_Q4_KR> {
 // a word of fifth bits a unit, bit v for value v): as Q4_K with each value's
 // fifth bit (spread4) above its nibble.
 template <>
-struct Mq<T_Q5_KR> {
-    static constexpr int RB = 176;
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+struct Mq<T_Q5_KR> : MqRuns<176> {
     using Stage = Mq<T_Q4_KR>::Stage;
     struct Unit : Mq<T_Q4_KR>::Unit {
         __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t)
