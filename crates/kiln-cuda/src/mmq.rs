@@ -218,7 +218,10 @@ mod tests {
         assert_eq!(define("MMQ_DS"), D_BYTES);
         for m in mmq_types() {
             let rb = m.run_bytes;
-            assert!(src.contains(&format!("static constexpr int RB = {rb};")));
+            assert!(
+                src.contains(&format!("static constexpr int RB = {rb};"))
+                    || src.contains(&format!(": MqRuns<{rb}>"))
+            );
             for nt in TOKENS {
                 let kernel = format!("MMQ({}, ", m.name);
                 assert!(src
