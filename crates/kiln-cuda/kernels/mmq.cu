@@ -15,14 +15,17 @@
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
 // run as stored, the tokens' 8-bit x of those columns and their scales and
-// sums, copied into shared memory with cp.async, MMQ_STAGES - 1 runs ahead
-// of the one being multiplied. grid: (ceil(rows / (16 * MMQ_WARPS)), splits,
-// ceil(n / NT)); dynamic shared memory MMQ_STAGES x mmq_stage_bytes (src/mmq.rs
+// sums, copied into shared memory with cp.async, S - 1 runs ahead of the
+// one being multiplied (mmq_stages: 3, or 2 where three would keep a second
+// block off the SM). grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n /
+// NT)); dynamic shared memory mmq_stages x mmq_stage_bytes (src/mmq.rs
 // computes the same). Repacked layouts only
 // (whole runs a row: cols % 256 == 0).
 #define MMQ_WARPS 4
 #define MMQ_ROWS (16 * MMQ_WARPS)
 #define MMQ_STAGES 3
+// Shared memory two blocks of an SM may take between them (of the H100's 228 KB).
+#define MMQ_SMEM_PAIR 116736
 // A token's x in a stage: 256 bytes and 16 of padding, so that the eight
 // tokens of a fragment load fall in distinct banks; its scales (8 floats)
 // then sums (8), padded to 80 bytes for the same reason.
@@ -265,6 +268,11 @@ __host__ __device__ constexpr int mmq_stage_bytes() {
     return MMQ_ROWS * Mq<T>::RB + NT * (MMQ_XS + MMQ_DS) + 4 * MMQ_ROWS;
 }
 
+template <int T, int NT>
+__host__ __device__ constexpr int mmq_stages() {
+    return MMQ_STAGES * mmq_stage_bytes<T, NT>() <= MMQ_SMEM_PAIR ? MMQ_STAGES : 2;
+}
+
 // y[t][r] = W[r] . x[t] + bias[r] (splits == 1), else this split's sums into
 // part[(split * n + t) * rows + r] for mmq_reduce.
 template <int T, int NT>
@@ -274,7 +282,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
                                          int ystride, const float* __restrict__ bias, float* __restrict__ part) {
     extern __shared__ __align__(16) u8 mmq_smem[];
     using M = Mq<T>;
-    constexpr int RB = M::RB, S = MMQ_STAGES, TILES = NT / 8;
+    constexpr int RB = M::RB, S = mmq_stages<T, NT>(), TILES = NT / 8;
     constexpr int WB = MMQ_ROWS * RB, XB = NT * MMQ_XS, DB = NT * MMQ_DS, SB = mmq_stage_bytes<T, NT>();
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     int rb0 = blockIdx.x * MMQ_ROWS;

@@ -16,8 +16,11 @@ use kiln_format::GgmlType;
 
 /// Warps a block, 16 rows each (MMQ_WARPS in mmq.cu).
 const WARPS: usize = 4;
-/// Stages of a block's copy pipeline, a run of 8 units each (MMQ_STAGES).
+/// Stages of a block's copy pipeline, a run of 8 units each (MMQ_STAGES),
+/// two where that many would not leave room for a second block on an SM
+/// (MMQ_SMEM_PAIR bytes between two).
 const STAGES: usize = 3;
+const SMEM_PAIR: usize = 116_736;
 /// A token's bytes in a stage: 8-bit x of a run, padded (MMQ_XS), and its
 /// scales and sums, padded (MMQ_DS).
 const X_BYTES: usize = 272;
@@ -67,7 +70,12 @@ pub(crate) fn mmq_types() -> [MmqType; 5] {
 /// a row and `tokens` tokens (MMQ_STAGES x mmq_stage_bytes in mmq.cu: the
 /// rows' runs, the tokens' x and scales, a word a row).
 pub(crate) fn smem_bytes(run_bytes: usize, tokens: usize) -> usize {
-    STAGES * (16 * WARPS * (run_bytes + 4) + tokens * (X_BYTES + D_BYTES))
+    let stage = 16 * WARPS * (run_bytes + 4) + tokens * (X_BYTES + D_BYTES);
+    if STAGES * stage <= SMEM_PAIR {
+        STAGES * stage
+    } else {
+        2 * stage
+    }
 }
 
 /// The kernels of a type (`mmq_{name}_{NT}` for each of [`TOKENS`]), each
@@ -214,6 +222,10 @@ mod tests {
         };
         assert_eq!(define("MMQ_WARPS"), WARPS);
         assert_eq!(define("MMQ_STAGES"), STAGES);
+        assert_eq!(define("MMQ_SMEM_PAIR"), SMEM_PAIR);
+        // Q8_0 with 64 tokens: two stages; Q4_0: three.
+        assert_eq!(smem_bytes(272, 64), 2 * (64 * 276 + 64 * 352));
+        assert_eq!(smem_bytes(144, 64), 3 * (64 * 148 + 64 * 352));
         assert_eq!(define("MMQ_XS"), X_BYTES);
         assert_eq!(define("MMQ_DS"), D_BYTES);
         for m in mmq_types() {
