@@ -1,5 +1,5 @@
 // Quantized weights times a batch of tokens on the tensor cores (MMQ), for
-// steps of 16-64 tokens (batched decode, short prefill chunks). The weights
+// steps of 16-128 tokens (batched decode, short prefill chunks). The weights
 // are read once per 64 tokens; the dequantize-then-cuBLAS path they replace
 // wrote every matrix out as f16 and read it back each step (8B Q4_0 at 32
 // sequences: 0.92x llama.cpp). The activations are the GEMVs' 8-bit blocks
@@ -19,8 +19,8 @@
 // one being multiplied (mmq_stages: 3, or 2 where three would keep a second
 // block off the SM). grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n /
 // NT)); dynamic shared memory mmq_stages x mmq_stage_bytes (src/mmq.rs
-// computes the same). Repacked layouts only
-// (whole runs a row: cols % 256 == 0).
+// computes the same). Repacked layouts only (whole runs a row: cols % 256
+// == 0).
 #define MMQ_WARPS 4
 #define MMQ_ROWS (16 * MMQ_WARPS)
 #define MMQ_STAGES 3
