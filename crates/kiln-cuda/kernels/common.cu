@@ -143,10 +143,11 @@ __device__ __forceinline__ void l2_ahead(const u8* a, u64 na, const u8* b, u64 n
     }
 }
 
-// Asynchronous copies from global to shared memory (sm_80+, kept out of
-// L1): a generic address as a shared one, a 16-byte copy (`cp_async16_z`:
-// of the first `src_bytes` of 16, the rest zeros), the end of a group of
-// copies, and the wait until at most N of this thread's groups are pending.
+// Asynchronous copies from global to shared memory (sm_80+; the 16-byte
+// ones kept out of L1): a generic address as a shared one, a 16-byte copy
+// (`cp_async16_z`: of the first `src_bytes` of 16, the rest zeros), a
+// 4-byte one, the end of a group of copies, and the wait until at most N of
+// this thread's groups are pending.
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -157,6 +158,9 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async16_z(u32 dst, const void* src, u32 src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>

@@ -52,9 +52,10 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const u32 (&a)[4], u32
 __device__ __forceinline__ float mmq_sum(int c) { return __int_as_float(c) - 12582912.0f; }
 
 // Per type: RB, the bytes of a run of 8 units of a row as stored (a
-// super-block for the k-quants) and where they start (`src`); Stage, what a
-// lane takes from its rows g and g + 8 once a run (a k-quant's header or
-// scale); Unit, unit j's A fragments and row scales, and `tile`, which adds
+// super-block for the k-quants) and where they start (`src`); EXTRA, whether
+// a run also needs a word kept elsewhere in its row (`dword`, its bits taken
+// by `extra`); Stage, what a lane takes from its rows g and g + 8 once a
+// run (a k-quant's header or scale); Unit, unit j's A fragments and row scales, and `tile`, which adds
 // its products with one tile of 8 tokens (x words b0, b1; tokens 2t and
 // 2t + 1's scales and sums) into the lane's four accumulators.
 template <int T>
@@ -65,6 +66,7 @@ struct Mq;
 template <int RB_>
 struct MqRuns {
     static constexpr int RB = RB_;
+    static constexpr bool EXTRA = false;
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
     struct Stage {
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
@@ -207,17 +209,18 @@ __device__ __forceinline__ void mma_s8_16816(int (&d)[4], u32 a0, u32 a1, u32 b0
 template <>
 struct Mq<T_Q6_KR> {
     static constexpr int RB = 208;
+    static constexpr bool EXTRA = true;
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_rec(row, run); }
-    // The 4-byte word holding super-block `run`'s d, and which half.
+    // The 4-byte word holding super-block `run`'s d, and the d from it.
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return (const u8*)((u64)q6kr_dp(row, run, runs) & ~(u64)3);
     }
-    static __device__ __forceinline__ int dhalf(const u8* row, int run, int runs) {
-        return (int)(((u64)q6kr_dp(row, run, runs) >> 1) & 1);
+    static __device__ __forceinline__ u32 extra(u32 word, const u8* row, int run, int runs) {
+        return word >> (16 * (((u64)q6kr_dp(row, run, runs) >> 1) & 1));
     }
     struct Stage {
         float dg, dg8;
-        // eg / eg8: the word and, in bit 0 of its pair index, the half.
+        // eg / eg8: the rows' d bits (`extra`).
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {
             dg = h2f((u16)eg);
             dg8 = h2f((u16)eg8);
@@ -255,14 +258,8 @@ struct Mq<T_Q6_KR> {
     };
 };
 
-// Whether a type's rows keep a word a run outside the run's bytes (Q6_K's d).
-template <int T>
-__host__ __device__ constexpr bool mmq_extra() {
-    return T == T_Q6_KR;
-}
-
 // A stage: the block's rows' run bytes, the tokens' x and scales / sums,
-// then a word a row (mmq_extra).
+// then a word a row (Mq<T>::EXTRA).
 template <int T, int NT>
 __host__ __device__ constexpr int mmq_stage_bytes() {
     return MMQ_ROWS * Mq<T>::RB + NT * (MMQ_XS + MMQ_DS) + 4 * MMQ_ROWS;
@@ -299,10 +296,9 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
             int row = c / (RB / 16), k = c % (RB / 16);
             cp_async16(smem_u32(st + row * RB + 16 * k), M::src(row_ptr(rb0 + row), rs + i, runs) + 16 * k);
         }
-        if (mmq_extra<T>()) {
+        if constexpr (M::EXTRA) {
             for (int row = tid; row < MMQ_ROWS; row += 32 * MMQ_WARPS)
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(st + WB + XB + DB + 4 * row)),
-                             "l"(Mq<T_Q6_KR>::dword(row_ptr(rb0 + row), rs + i, runs)));
+                cp_async4(smem_u32(st + WB + XB + DB + 4 * row), M::dword(row_ptr(rb0 + row), rs + i, runs));
         }
     };
     // Tokens past the last are zeros.
@@ -350,10 +346,10 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
         const u8* sx = st + WB;
         const float* sd = (const float*)(st + WB + XB);
         u32 eg = 0, eg8 = 0;
-        if (mmq_extra<T>()) {
+        if constexpr (M::EXTRA) {
             const u32* ex = (const u32*)(st + WB + XB + DB) + warp * 16 + g;
-            eg = ex[0] >> (16 * Mq<T_Q6_KR>::dhalf(row_ptr(rg), rs + i, runs));
-            eg8 = ex[8] >> (16 * Mq<T_Q6_KR>::dhalf(row_ptr(rg + 8), rs + i, runs));
+            eg = M::extra(ex[0], row_ptr(rg), rs + i, runs);
+            eg8 = M::extra(ex[8], row_ptr(rg + 8), rs + i, runs);
         }
         typename M::Stage stg(sg, sg8, eg, eg8);
 #pragma unroll
