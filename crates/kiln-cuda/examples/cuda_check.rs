@@ -332,7 +332,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
 /// depends on the matrix only); and within rounding of the few-token GEMV.
 fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
     println!("\n## op level: batched-step tensor-core products (mmq) vs f64");
-    println!("| type | rows x cols | tokens | max rel err vs f64 on the kernel's inputs | 16/37/64 tokens = 100, bit for bit | max rel diff vs mvq_nt (16 tokens) |");
+    println!("| type | rows x cols | tokens | max rel err vs f64 on the kernel's inputs | 3/8/16/37/64 tokens = 100, bit for bit | max rel diff vs mvq_nt (16 tokens) |");
     println!("|---|---|---|---|---|---|");
     let mut rng = Rng(0x5151_7a7a_0101_c3c3);
     for ty in [
@@ -374,7 +374,7 @@ fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             }
             let rel = num / den.max(1e-30);
             let mut same = true;
-            for m in [16usize, 37, 64] {
+            for m in [3usize, 8, 16, 37, 64] {
                 match kiln_cuda::testing::matmul_mmq(gpu, ty, &w, rows, cols, &x, m) {
                     Ok((ym, _, _)) => {
                         same &= ym.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits())

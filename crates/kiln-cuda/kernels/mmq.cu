@@ -1,5 +1,5 @@
 // Quantized weights times a batch of tokens on the tensor cores (MMQ), for
-// steps of 16-128 tokens (batched decode, short prefill chunks). The weights
+// steps of 2-128 tokens (batched decode, short prefill chunks). The weights
 // are read once per 64 tokens; the dequantize-then-cuBLAS path they replace
 // wrote every matrix out as f16 and read it back each step (8B Q4_0 at 32
 // sequences: 0.92x llama.cpp). The activations are the GEMVs' 8-bit blocks
@@ -11,7 +11,7 @@
 // the splits in order; the split count depends on the matrix only, so a
 // token's result does not depend on how many tokens share the step.
 //
-// A block: MMQ_WARPS warps of 16 rows each, NT tokens (16, 32 or 64: the
+// A block: MMQ_WARPS warps of 16 rows each, NT tokens (8, 16, 32 or 64: the
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
 // run as stored, the tokens' 8-bit x of those columns and their scales and
@@ -387,18 +387,23 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
                            const float* xs, int n, float* y, int ystride, const float* bias, float* part) { \
         mmq_impl<T, NT>(W, row_bytes, rows, cols, xq, xd, xs, n, y, ystride, bias, part);               \
     }
+MMQ(q4_0r, T_Q4_0R, 8)
 MMQ(q4_0r, T_Q4_0R, 16)
 MMQ(q4_0r, T_Q4_0R, 32)
 MMQ(q4_0r, T_Q4_0R, 64)
+MMQ(q8_0r, T_Q8_0R, 8)
 MMQ(q8_0r, T_Q8_0R, 16)
 MMQ(q8_0r, T_Q8_0R, 32)
 MMQ(q8_0r, T_Q8_0R, 64)
+MMQ(q4_kr, T_Q4_KR, 8)
 MMQ(q4_kr, T_Q4_KR, 16)
 MMQ(q4_kr, T_Q4_KR, 32)
 MMQ(q4_kr, T_Q4_KR, 64)
+MMQ(q5_kr, T_Q5_KR, 8)
 MMQ(q5_kr, T_Q5_KR, 16)
 MMQ(q5_kr, T_Q5_KR, 32)
 MMQ(q5_kr, T_Q5_KR, 64)
+MMQ(q6_kr, T_Q6_KR, 8)
 MMQ(q6_kr, T_Q6_KR, 16)
 MMQ(q6_kr, T_Q6_KR, 32)
 MMQ(q6_kr, T_Q6_KR, 64)

@@ -320,6 +320,12 @@ const MV_TOKENS_MAX: usize = 64;
 /// weights ([`CudaBackend::uses_mmq`]; `$KILN_CUDA_MMQ_MAX` sets it,
 /// `$KILN_CUDA_MMQ=0` turns them off).
 const MMQ_TOKENS_MAX: usize = 128;
+/// Fewest tokens a step needs for them (`$KILN_CUDA_MMQ_MIN`, at least 2).
+/// They beat the few-token GEMVs from 2 tokens (8B Q4_0 on the H100, 2 / 8
+/// sequences: 461 -> 669 / 892 -> 2,325 generated tok/s; NOTES.md item 75),
+/// so a sequence's products in a batched step differ from its one-token
+/// ones in the last bits; `CudaOptions::invariant` keeps the GEMVs.
+const MMQ_TOKENS_MIN: usize = 2;
 /// Tokens per block row of `mv*_nt_*` (MV_NT in gemv.cu).
 const MV_NT: usize = 8;
 /// Rows per warp of `mvf_nt_*` (MVF_NT_R in gemv.cu).
@@ -532,8 +538,10 @@ pub struct CudaOptions {
     pub gpu_mem: Option<usize>,
     /// Batches of at least this many tokens go through cuBLAS GEMMs
     /// (quantized weights dequantized to f16 in row chunks); smaller ones
-    /// through the GEMV kernels. `$KILN_CUDA_GEMM_MIN` sets the default (16);
-    /// 0 turns cuBLAS off.
+    /// through the GEMV kernels. Repacked Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K
+    /// matrices take the tensor-core `mmq_*` kernels instead in steps of
+    /// 2-128 tokens (MMQ_TOKENS_MIN / MAX). `$KILN_CUDA_GEMM_MIN` sets the
+    /// default (16); 0 turns cuBLAS off.
     pub gemm_min: usize,
     /// The same for float weights (F32/F16/BF16), whose GEMMs need no
     /// dequantization: `$KILN_CUDA_GEMM_MIN_FLOAT` (default 8; 0: never).
@@ -872,7 +880,7 @@ struct Kernels {
     mvq_nt: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Per kernel-table index: the tensor-core product of batched steps
     /// (`mmq_*`, [`MmqCall`]), and the sum of its splits.
-    mmq: Vec<Option<([cudarc::driver::sys::CUfunction; 3], usize)>>,
+    mmq: Vec<Option<([cudarc::driver::sys::CUfunction; 4], usize)>>,
     mmq_reduce: cudarc::driver::sys::CUfunction,
     embed: Vec<Option<cudarc::driver::sys::CUfunction>>,
     add_norm: cudarc::driver::sys::CUfunction,
@@ -1192,6 +1200,9 @@ struct Scratch {
     /// Dequantized weight rows for the GEMM path (`deq_elems` 16-bit values).
     wh: Option<DevBuf>,
     deq_elems: usize,
+    /// The tensor-core products' split sums (`mmq_part_floats` floats).
+    mmq_part: Option<DevBuf>,
+    mmq_part_floats: usize,
 }
 
 /// Bytes a model needs on the device (weights + KV + scratch), for the
@@ -1247,6 +1258,8 @@ pub struct CudaBackend {
     /// Most tokens of a step whose quantized products go through the
     /// tensor-core kernels ([`Self::uses_mmq`]; MMQ_TOKENS_MAX, 0: none).
     mmq_max: usize,
+    /// Fewest such tokens (MMQ_TOKENS_MIN).
+    mmq_min: usize,
     /// Most slices per row of the greedy argmax (`$KILN_CUDA_ARGMAX_SLICES`,
     /// default and at most ARGMAX_SLICES).
     argmax_max: usize,
@@ -1873,13 +1886,27 @@ impl CudaBackend {
             att_gemm_cap = 0;
             0
         };
-        let mmq_max = if std::env::var("KILN_CUDA_MMQ").is_ok_and(|v| v == "0") {
+        // Never in batch-invariant runs: a sequence's products would then
+        // depend on how many tokens share its step.
+        let mmq_max = if opts.invariant || std::env::var("KILN_CUDA_MMQ").is_ok_and(|v| v == "0") {
             0
         } else {
             env_parse("KILN_CUDA_MMQ_MAX").unwrap_or(MMQ_TOKENS_MAX)
         };
+        let mmq_min = env_parse("KILN_CUDA_MMQ_MIN")
+            .unwrap_or(MMQ_TOKENS_MIN)
+            .max(2);
+        let mmq_part_floats = if quantized && mmq_min <= b.min(mmq_max) {
+            crate::mmq::part_floats(gpu.info.sms.max(1) as usize, b.min(mmq_max))
+        } else {
+            0
+        };
         let xq_cols = widest.div_ceil(32) * 32 * b.min(MV_TOKENS_MAX.max(mmq_max));
-        let decode_bytes = xq_cols + xq_cols / 32 * 8 + att_part_floats * 4 + split_pairs * 4;
+        let decode_bytes = xq_cols
+            + xq_cols / 32 * 8
+            + att_part_floats * 4
+            + split_pairs * 4
+            + mmq_part_floats * 4;
         let plan = MemoryPlan {
             weights: weight_bytes(m),
             kv: opts.kv.total_bytes(&layout),
@@ -2098,6 +2125,12 @@ impl CudaBackend {
                 None
             },
             deq_elems,
+            mmq_part: if mmq_part_floats > 0 {
+                Some(DevBuf::alloc(mmq_part_floats * 4)?)
+            } else {
+                None
+            },
+            mmq_part_floats,
         };
         let max_graph = b.min(layout.max_seqs).min(64);
         // Whether some layer's O projection reads float weights: the decode
@@ -2181,6 +2214,7 @@ impl CudaBackend {
             },
             exact: opts.exact,
             mmq_max,
+            mmq_min,
             argmax_max: std::env::var("KILN_CUDA_ARGMAX_SLICES")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -2648,9 +2682,8 @@ impl CudaBackend {
         if let (true, Some(f), Some(part)) = (
             self.uses_mmq(mat, o.n),
             self.k.mmq[mat.kernel].map(|(f, _)| f),
-            &self.s.wh,
+            &self.s.mmq_part,
         ) {
-            // The GEMM path's dequantization scratch holds the splits' sums.
             let call = MmqCall {
                 w: mat.ptr(),
                 row_bytes: mat.row_bytes,
@@ -2662,7 +2695,7 @@ impl CudaBackend {
                 ystride: o.ystride,
                 bias: o.bias,
                 part: part.ptr,
-                part_floats: self.s.deq_elems / 2,
+                part_floats: self.s.mmq_part_floats,
             };
             return call.launch(&self.gpu, &f, self.k.mmq_reduce);
         }
@@ -3090,14 +3123,15 @@ impl CudaBackend {
     }
 
     /// Whether the product of `mat` over `n` tokens is a tensor-core one
-    /// ([`MmqCall`]): steps past the few-token GEMVs (`mv_path`) whose 8-bit
+    /// ([`MmqCall`]): steps of `mmq_min` tokens or more whose 8-bit
     /// activations fit the decode scratch (`mmq_max` tokens), up to the
-    /// type's own bound (`MmqType::max_tokens`).
+    /// type's own bound (`MmqType::max_tokens`). Other matrices of such a
+    /// step keep the few-token GEMVs or cuBLAS.
     fn uses_mmq(&self, mat: &DMat, n: usize) -> bool {
         !self.exact
-            && n > 1
+            && n >= self.mmq_min
             && n <= self.mmq_max.min(self.max_batch)
-            && !self.mv_path(n)
+            && self.s.mmq_part.is_some()
             && self.k.mmq[mat.kernel].is_some_and(|(_, max)| n <= max)
     }
 

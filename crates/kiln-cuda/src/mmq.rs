@@ -1,6 +1,7 @@
 //! Quantized weights times a batch of tokens on the tensor cores
-//! (`mmq_*` in kernels/mmq.cu): the product of batched decode steps too big
-//! for the few-token GEMVs and too small for dequantize-then-cuBLAS to pay.
+//! (`mmq_*` in kernels/mmq.cu): the product of steps of 2-128 tokens
+//! (batched decode, short prompt chunks), faster there than the few-token
+//! GEMVs and than dequantize-then-cuBLAS.
 //!
 //! The kernels read each weight once per 64 tokens and take the GEMVs'
 //! 8-bit activations. A matrix's units are cut into splits (so that small
@@ -27,7 +28,7 @@ const X_BYTES: usize = 272;
 const D_BYTES: usize = 80;
 /// The kernels' token tiles (a `mmq_{type}_{NT}` each); steps of more
 /// tokens than the largest take several in the grid's third dimension.
-pub(crate) const TOKENS: [usize; 3] = [16, 32, 64];
+pub(crate) const TOKENS: [usize; 4] = [8, 16, 32, 64];
 /// Blocks of a product we aim for, per SM (two fit with 64 tokens).
 const BLOCKS_PER_SM: usize = 2;
 /// Most splits of a matrix, and fewest runs of 8 units a split (the copy
@@ -80,8 +81,8 @@ pub(crate) fn smem_bytes(run_bytes: usize, tokens: usize) -> usize {
 
 /// The kernels of a type (`mmq_{name}_{NT}` for each of [`TOKENS`]), each
 /// given its dynamic shared memory.
-pub(crate) fn load(gpu: &mut Gpu, name: &str, run_bytes: usize) -> CuResult<[CUfunction; 3]> {
-    let mut out = [std::ptr::null_mut(); 3];
+pub(crate) fn load(gpu: &mut Gpu, name: &str, run_bytes: usize) -> CuResult<[CUfunction; 4]> {
+    let mut out = [std::ptr::null_mut(); 4];
     for (f, nt) in out.iter_mut().zip(TOKENS) {
         *f = gpu.func(&format!("mmq_{name}_{nt}"))?;
         gpu.set_dyn_smem(*f, smem_bytes(run_bytes, nt) as u32)?;
@@ -110,6 +111,14 @@ pub(crate) fn splits(rows: usize, cols: usize, sms: usize) -> usize {
         .min(MAX_SPLITS)
 }
 
+/// Floats of split sums a product over `tokens` tokens may leave for
+/// `mmq_reduce` on a GPU of `sms` SMs, for any matrix: a split matrix has
+/// fewer blocks than BLOCKS_PER_SM x sms, so splits x blocks stays below
+/// twice that. (A matrix of one split writes y directly.)
+pub(crate) fn part_floats(sms: usize, tokens: usize) -> usize {
+    2 * BLOCKS_PER_SM * sms * 16 * WARPS * tokens
+}
+
 /// One product: `n` tokens of 8-bit activations (`xq`, `xd`, `xs` as
 /// quantize_q8 writes them) times a repacked matrix; y[t][r] at `y + 4 (t
 /// ystride + r)`, plus `bias` (0: none). `part`: scratch of `part_floats`
@@ -136,7 +145,7 @@ impl MmqCall {
     pub(crate) fn launch(
         &self,
         gpu: &Gpu,
-        f: &[CUfunction; 3],
+        f: &[CUfunction; 4],
         reduce: CUfunction,
     ) -> CuResult<()> {
         let tile = tile_for(self.n);
@@ -207,11 +216,28 @@ mod tests {
     }
 
     #[test]
+    fn split_sums_fit_their_bound() {
+        for sms in [1, 2, 46, 132, 144] {
+            let bound = part_floats(sms, 1);
+            for rows in (64..40_000).step_by(61) {
+                for cols in [256, 2048, 4096, 14_336, 65_536] {
+                    let s = splits(rows, cols, sms);
+                    if s > 1 {
+                        assert!(s * rows <= bound, "{rows} x {cols} on {sms} SMs");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn tiles_and_shared_memory_match_the_kernels() {
-        assert_eq!(tile_for(16), 0);
-        assert_eq!(tile_for(17), 1);
-        assert_eq!(tile_for(64), 2);
-        assert_eq!(tile_for(100), 2);
+        assert_eq!(tile_for(2), 0);
+        assert_eq!(tile_for(8), 0);
+        assert_eq!(tile_for(16), 1);
+        assert_eq!(tile_for(17), 2);
+        assert_eq!(tile_for(64), 3);
+        assert_eq!(tile_for(100), 3);
         let src = include_str!("../kernels/mmq.cu");
         let define = |name: &str| -> usize {
             let line = src
