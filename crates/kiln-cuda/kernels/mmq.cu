@@ -289,15 +289,34 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     int rs = (int)((long long)runs * sp / splits), nr = (int)((long long)runs * (sp + 1) / splits) - rs;
     int t0 = blockIdx.z * NT;
     auto row_ptr = [&](int r) { return W + (u64)min(r, rows - 1) * row_bytes; };
-    // Stage copies. Rows past the end copy the last row (never written).
+    // Stage copies. Each thread's sources are fixed but for the run, so
+    // their offsets are taken once here (the per-copy address arithmetic
+    // was half of the 8-token kernels' instructions). Weights: the block's
+    // rows' chunks in order, chunk tid + NTH j (so a warp's copies are
+    // contiguous runs of rows). Rows past the end copy the last row (never
+    // written). A type's run r of a row starts RB r bytes after its run 0
+    // (M::src).
+    constexpr int CH = RB / 16, NTH = 32 * MMQ_WARPS, WJ = (MMQ_ROWS * CH + NTH - 1) / NTH;
+    const u8* wb = W + (u64)rb0 * row_bytes;
+    u32 woff[WJ];
+#pragma unroll
+    for (int j = 0; j < WJ; j++) {
+        int c = min(tid + NTH * j, MMQ_ROWS * CH - 1), row = c / CH;
+        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + 16 * (c % CH);
+    }
+    // x: 16 threads a token, chunk tid % 16 of tokens tid / 16 + 8 m; scales
+    // and sums: 4 threads a token (two 16-byte chunks of each).
+    constexpr int XM = NT * 16 / NTH, DM = (NT * 4 + NTH - 1) / NTH;
+    static_assert(NT * 16 % NTH == 0, "whole passes of tokens");
+    const i8* xsrc = xq + (u64)(t0 + tid / 16) * cols + 16 * (tid % 16);
     auto copy_w = [&](int i) {
         u8* st = mmq_smem + (i % S) * SB;
-        for (int c = tid; c < MMQ_ROWS * (RB / 16); c += 32 * MMQ_WARPS) {
-            int row = c / (RB / 16), k = c % (RB / 16);
-            cp_async16(smem_u32(st + row * RB + 16 * k), M::src(row_ptr(rb0 + row), rs + i, runs) + 16 * k);
-        }
+        const u8* src = wb + (u64)(rs + i) * RB;
+#pragma unroll
+        for (int j = 0; j < WJ; j++)
+            if (tid + NTH * j < MMQ_ROWS * CH) cp_async16(smem_u32(st + 16 * (tid + NTH * j)), src + woff[j]);
         if constexpr (M::EXTRA) {
-            for (int row = tid; row < MMQ_ROWS; row += 32 * MMQ_WARPS)
+            for (int row = tid; row < MMQ_ROWS; row += NTH)
                 cp_async4(smem_u32(st + WB + XB + DB + 4 * row), M::dword(row_ptr(rb0 + row), rs + i, runs));
         }
     };
@@ -305,14 +324,17 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     auto copy_x = [&](int i) {
         u8* st = mmq_smem + (i % S) * SB + WB;
         int c0 = (rs + i) * 256;
-        for (int c = tid; c < NT * 16; c += 32 * MMQ_WARPS) {
-            int tok = c >> 4, k = c & 15;
+#pragma unroll
+        for (int m = 0; m < XM; m++) {
+            int tok = tid / 16 + 8 * m;
             bool in = t0 + tok < n;
-            const i8* src = in ? xq + (u64)(t0 + tok) * cols + c0 + 16 * k : xq;
-            cp_async16_z(smem_u32(st + tok * MMQ_XS + 16 * k), src, in ? 16 : 0);
+            const i8* src = in ? xsrc + (u64)m * 8 * cols + c0 : xq;
+            cp_async16_z(smem_u32(st + tok * MMQ_XS + 16 * (tid % 16)), src, in ? 16 : 0);
         }
-        for (int c = tid; c < NT * 4; c += 32 * MMQ_WARPS) {
-            int tok = c >> 2, k = c & 3;
+#pragma unroll
+        for (int m = 0; m < DM; m++) {
+            int c = tid + NTH * m, tok = c >> 2, k = c & 3;
+            if (c >= NT * 4) break;
             bool in = t0 + tok < n;
             const float* src = (k < 2 ? xd : xs) + (in ? (u64)(t0 + tok) * units + (rs + i) * 8 + 4 * (k & 1) : 0);
             cp_async16_z(smem_u32(st + XB + tok * MMQ_DS + 16 * k), src, in ? 16 : 0);
