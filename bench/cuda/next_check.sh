@@ -22,6 +22,7 @@
 #   bash bench/cuda/next_check.sh sync     # cuda_check --sync-micro (persistent-kernel barrier vs kernel boundary), then `targets`
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
+#   bash bench/cuda/next_check.sh batchab  # the same in batched decode: S_TG at --batch $BATCHES, 8B $EV_TYPES
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
@@ -199,6 +200,20 @@ envab)
       echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p 16 -n 256 -r 2 ${a//+/ } 2>&1 | tg_of)"
     done
   done; done; done; date -u +%T ;;
+batchab)
+  # Env / binary variants ($EV as in envab) in batched decode: `--batch $BATCHES` (default
+  # 2,4,8,16,32,64,128) -p 128 -n 128 on the 8B shape in $EV_TYPES (default q4_0), generated tok/s
+  # (S_TG) per batch size, $EV_ROUNDS rounds (default 2) alternated (NOTES.md item 75).
+  T=$(gguf_types ${EV_TYPES:-q4_0})
+  [ -d /tmp/v8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/v8 --types "$T" > /dev/null 2>&1; date -u +%T
+  for r in $(seq ${EV_ROUNDS:-2}); do for t in ${EV_TYPES:-q4_0}; do
+    m=$(model_of /tmp/v8 $t)
+    for v in $EV; do
+      e=${v#*:}; a=""; case $e in *:*) a=${e#*:}; e=${e%%:*} ;; esac
+      echo "v8 $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda --batch ${BATCHES:-2,4,8,16,32,64,128} -p 128 -n 128 ${a//+/ } 2>&1 \
+        | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
+    done
+  done; done; date -u +%T ;;
 l2sweep)
   # NOTES.md item 44: env-only settings of the L2 windows ($L2_VARIANTS; the attention's reach
   # KILN_CUDA_L2PF, act_mul's KILN_CUDA_L2PF_ACT), tg256 p16, 8B and 1B bf16, two rounds; then
