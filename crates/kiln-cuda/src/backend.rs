@@ -1266,6 +1266,9 @@ pub struct CudaBackend {
     /// `add_norm` as a cluster of blocks per token for rows past 4096
     /// values (sm_90+, unless `$KILN_CUDA_CLUSTER` is 0).
     clusters: bool,
+    /// That bound (`$KILN_CUDA_CLUSTER_ROWS`, default 4096): measured on
+    /// one-token steps, open for the tensor-core steps of 2-15 tokens.
+    cluster_rows: usize,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
@@ -2222,6 +2225,7 @@ impl CudaBackend {
                 .clamp(1, ARGMAX_SLICES),
             clusters: gpu.clusters()
                 && std::env::var("KILN_CUDA_CLUSTER").map_or(true, |v| v != "0"),
+            cluster_rows: env_parse("KILN_CUDA_CLUSTER_ROWS").unwrap_or(512 * 8),
             att_split,
             att_blocks,
             att_gemm_min,
@@ -3236,7 +3240,7 @@ impl CudaBackend {
         // block leaves the next GEMV's early weight loads more SMs (decode
         // 1B Q8_0 1,191 -> 1,237 tok/s, 1B bf16 838 -> 851, 8B Q4_0 393 ->
         // 397 without the cluster at 2048 / 4096 values a row).
-        let cluster = if self.clusters && n < self.gemm_min && hid > 512 * 8 {
+        let cluster = if self.clusters && n < self.gemm_min && hid > self.cluster_rows {
             [8usize, 4, 2]
                 .into_iter()
                 .find(|&c| hid % (32 * c) == 0 && hid / c <= 8 * 256)
