@@ -2683,11 +2683,7 @@ impl CudaBackend {
         if o.fuse != Fuse::None {
             return self.mm_fused(mat, o);
         }
-        if let (true, Some(f), Some(part)) = (
-            self.uses_mmq(mat, o.n),
-            self.k.mmq[mat.kernel].map(|(f, _)| f),
-            &self.s.mmq_part,
-        ) {
+        if let (Some(f), Some(part)) = (self.mmq_kernels(mat, o.n), &self.s.mmq_part) {
             let call = MmqCall {
                 w: mat.ptr(),
                 row_bytes: mat.row_bytes,
@@ -2701,7 +2697,7 @@ impl CudaBackend {
                 part: part.ptr,
                 part_floats: self.s.mmq_part_floats,
             };
-            return call.launch(&self.gpu, &f, self.k.mmq_reduce);
+            return call.launch(&self.gpu, f, self.k.mmq_reduce);
         }
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);
@@ -3132,11 +3128,18 @@ impl CudaBackend {
     /// type's own bound (`MmqType::max_tokens`). Other matrices of such a
     /// step keep the few-token GEMVs or cuBLAS.
     fn uses_mmq(&self, mat: &DMat, n: usize) -> bool {
-        !self.exact
+        self.mmq_kernels(mat, n).is_some()
+    }
+
+    /// The `mmq_*` kernels (one a token tile) of `mat` when
+    /// [`Self::uses_mmq`].
+    fn mmq_kernels(&self, mat: &DMat, n: usize) -> Option<&[cudarc::driver::sys::CUfunction; 4]> {
+        let step = !self.exact
             && n >= self.mmq_min
             && n <= self.mmq_max.min(self.max_batch)
-            && self.s.mmq_part.is_some()
-            && self.k.mmq[mat.kernel].is_some_and(|(_, max)| n <= max)
+            && self.s.mmq_part.is_some();
+        let (f, max) = self.k.mmq[mat.kernel].as_ref().filter(|_| step)?;
+        (n <= *max).then_some(f)
     }
 
     /// Whether products over `n` tokens use the decode GEMVs.
