@@ -125,11 +125,39 @@ __device__ __forceinline__ void load_regs(const float* p, int len, float* v) {
     }
 }
 
+// v[k] = y[threadIdx.x + k * blockDim.x] for the first `len` where y is the
+// sum of `ys` parts `sstride` floats apart (a split product's sums that
+// mmq_reduce was not launched for), added in mmq_reduce's order with its
+// bits (the + 0.0f of a row without bias included); every part's loads
+// issue before the first add.
+__device__ __forceinline__ void load_parts(const float* p, int len, float* v, int ys, u64 sstride) {
+    load_regs(p, len, v);
+    if (ys <= 1) return;
+    float w[MMQ_MAX_SPLITS - 1][AN_V];
+#pragma unroll
+    for (int s = 1; s < MMQ_MAX_SPLITS; s++) {
+#pragma unroll
+        for (int k = 0; k < AN_V; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            w[s - 1][k] = s < ys && i < len ? p[(u64)s * sstride + i] : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int s = 1; s < MMQ_MAX_SPLITS; s++) {
+        if (s < ys) {
+#pragma unroll
+            for (int k = 0; k < AN_V; k++) v[k] = __fadd_rn(v[k], w[s - 1][k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) v[k] = __fadd_rn(v[k], 0.0f);
+}
+
 template <bool CL>
 __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const float* pw, const float* pb,
                                               const float* w, const float* b, float* out, int hid, float eps,
                                               int kind, i8* q, float* qd, float* qs, u16* oh, int fmt, int t,
-                                              int base, int len) {
+                                              int base, int len, int ys, u64 ysstride) {
     float* xr = x + (u64)t * hid + base;
     double mean, inv;
     // Before waiting for the kernel before this one (it writes y): the
@@ -150,7 +178,7 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
     if (!y) load_regs(xr, len, xv);
     if (y) {
         float yv[AN_V];
-        load_regs(y + (u64)t * hid + base, len, yv);
+        load_parts(y + (u64)t * hid + base, len, yv, ys, ysstride);
         if (pw) {
             reg_stats<AN_V, CL>(yv, len, hid, kind, eps, &mean, &inv);
             float finv = (float)inv;
@@ -196,7 +224,8 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
 }
 
 // oh: when a GEMM consumes `out`, the normalized row goes there instead,
-// as f16 (fmt 0) or bf16 (1), and `out` is not written.
+// as f16 (fmt 0) or bf16 (1), and `out` is not written. ys, ysstride: y is
+// the sum of ys parts ysstride floats apart (load_parts; 1: y itself).
 // Does nothing but order itself between its neighbours: launched before
 // every kernel with `$KILN_CUDA_BOUNDARY=1`, it prices one kernel boundary
 // in place (outputs stay right).
@@ -254,17 +283,29 @@ extern "C" __global__ void sync_phase(float* buf, int i, int w, int r, float* si
 
 extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, const float* y, const float* pw, const float* pb,
                                     const float* w, const float* b, float* out, int hid, float eps,
-                                    int kind, i8* q, float* qd, float* qs, u16* oh, int fmt) {
+                                    int kind, i8* q, float* qd, float* qs, u16* oh, int fmt, int ys,
+                                    u64 ysstride) {
     int t = blockIdx.x;
     float* xr = x + (u64)t * hid;
     double mean, inv;
     if (hid <= AN_V * (int)blockDim.x) {
-        add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, oh, fmt, t, 0, hid);
+        add_norm_regs<false>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, oh, fmt, t, 0, hid, ys,
+                             ysstride);
         return;
     }
     PDL_ENTRY();
     if (y) {
-        const float* yr = y + (u64)t * hid;
+        float* yr = (float*)y + (u64)t * hid;
+        // Rows past the registers: the parts summed into the first one
+        // (each value by the thread that reads it below).
+        if (ys > 1) {
+            for (int i = threadIdx.x; i < hid; i += blockDim.x) {
+                float v = yr[i];
+                for (int s = 1; s < ys; s++) v = __fadd_rn(v, yr[(u64)s * ysstride + i]);
+                yr[i] = __fadd_rn(v, 0.0f);
+            }
+            __syncthreads();
+        }
         if (pw) {
             norm_stats(yr, hid, kind, eps, &mean, &inv);
             float finv = (float)inv;
@@ -296,10 +337,11 @@ extern "C" __global__ void __launch_bounds__(AN_THREADS) add_norm(float* x, cons
 
 extern "C" __global__ void __launch_bounds__(256) add_norm_cl(float* x, const float* y, const float* pw,
                                     const float* pb, const float* w, const float* b, float* out, int hid,
-                                    float eps, int kind, i8* q, float* qd, float* qs, u16* oh, int fmt) {
+                                    float eps, int kind, i8* q, float* qd, float* qs, u16* oh, int fmt,
+                                    int ys, u64 ysstride) {
     int len = hid / gridDim.x;
     add_norm_regs<true>(x, y, pw, pb, w, b, out, hid, eps, kind, q, qd, qs, oh, fmt, blockIdx.y,
-                        blockIdx.x * len, len);
+                        blockIdx.x * len, len, ys, ysstride);
 }
 
 // out[k] = norm(x[rows[k]]) (grid: number of rows; block: 256).

@@ -719,6 +719,27 @@ struct Operands {
     fuse: Fuse,
 }
 
+/// Where a product left its rows for the `add_norm` that reads them: at
+/// `ptr` itself, or (a split tensor-core product whose `mmq_reduce` was not
+/// launched, [`CudaBackend::mm_rows`]) as `parts` partial sums `stride`
+/// floats apart, which add_norm adds in mmq_reduce's order.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    ptr: u64,
+    parts: usize,
+    stride: usize,
+}
+
+impl Rows {
+    fn at(ptr: u64) -> Self {
+        Rows {
+            ptr,
+            parts: 1,
+            stride: 0,
+        }
+    }
+}
+
 /// What a one-token GEMV also does for the decode layer around it
 /// ([`CudaOptions::fuse_norm`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1269,6 +1290,9 @@ pub struct CudaBackend {
     /// That bound (`$KILN_CUDA_CLUSTER_ROWS`, default 4096): measured on
     /// one-token steps, open for the tensor-core steps of 2-15 tokens.
     cluster_rows: usize,
+    /// Split tensor-core products' sums added by the `add_norm` that reads
+    /// them instead of `mmq_reduce` (`$KILN_CUDA_FOLD_SPLITS`, default on).
+    fold_splits: bool,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
@@ -2226,6 +2250,7 @@ impl CudaBackend {
             clusters: gpu.clusters()
                 && std::env::var("KILN_CUDA_CLUSTER").map_or(true, |v| v != "0"),
             cluster_rows: env_parse("KILN_CUDA_CLUSTER_ROWS").unwrap_or(512 * 8),
+            fold_splits: std::env::var("KILN_CUDA_FOLD_SPLITS").map_or(true, |v| v != "0"),
             att_split,
             att_blocks,
             att_gemm_min,
@@ -2680,8 +2705,15 @@ impl CudaBackend {
     /// One-token products of quantized weights read `s.xq`, which the caller
     /// filled from `x` ([`CudaBackend::quantize_x`]) when [`CudaBackend::uses_q8`].
     fn mm(&self, mat: &DMat, o: Operands) -> CuResult<()> {
+        self.mm_rows(mat, o, false).map(|_| ())
+    }
+
+    /// [`Self::mm`], leaving a split tensor-core product's sums unreduced
+    /// when `fold` (and y has neither bias nor gaps): the caller's
+    /// `add_norm` adds them.
+    fn mm_rows(&self, mat: &DMat, o: Operands, fold: bool) -> CuResult<Rows> {
         if o.fuse != Fuse::None {
-            return self.mm_fused(mat, o);
+            return self.mm_fused(mat, o).map(|_| Rows::at(o.y));
         }
         if let (Some(f), Some(part)) = (self.mmq_kernels(mat, o.n), &self.s.mmq_part) {
             let call = MmqCall {
@@ -2697,8 +2729,23 @@ impl CudaBackend {
                 part: part.ptr,
                 part_floats: self.s.mmq_part_floats,
             };
-            return call.launch(&self.gpu, f, self.k.mmq_reduce);
+            let fold = fold && o.bias == 0 && o.ystride == mat.rows;
+            let parts = call.launch(&self.gpu, f, self.k.mmq_reduce, fold)?;
+            return Ok(if parts > 1 {
+                Rows {
+                    ptr: part.ptr,
+                    parts,
+                    stride: o.n * mat.rows,
+                }
+            } else {
+                Rows::at(o.y)
+            });
         }
+        self.mm_float_or_gemv(mat, o).map(|_| Rows::at(o.y))
+    }
+
+    /// [`Self::mm`] through cuBLAS or the GEMVs.
+    fn mm_float_or_gemv(&self, mat: &DMat, o: Operands) -> CuResult<()> {
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);
         }
@@ -3184,6 +3231,25 @@ impl CudaBackend {
         staged: bool,
         fuse: Fuse,
     ) -> CuResult<()> {
+        self.proj_rows(p, x, n, y, ystride, staged, fuse, false)
+            .map(|_| ())
+    }
+
+    /// [`Self::proj`] for an `add_norm` to read: with `fold` (and
+    /// [`Self::fold_splits`]) a one-part projection's split tensor-core
+    /// sums are left for it to add ([`Self::mm_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    fn proj_rows(
+        &self,
+        p: &Proj,
+        x: u64,
+        n: usize,
+        y: u64,
+        ystride: usize,
+        staged: bool,
+        fuse: Fuse,
+        fold: bool,
+    ) -> CuResult<Rows> {
         let x_half = staged && !matches!(self.half_args(p, n)[0], Arg::P(0));
         // A norm-fused GEMV quantizes the normalized x itself.
         let own_q8 = matches!(fuse, Fuse::Norm { .. } | Fuse::NormGlu { .. });
@@ -3193,25 +3259,27 @@ impl CudaBackend {
             }
         }
         if n == 1 && self.mm_norm_pair(p, x, y, fuse)? {
-            return Ok(());
+            return Ok(Rows::at(y));
         }
+        let fold = fold && self.fold_splits && p.parts.len() == 1;
+        let mut rows = Rows::at(y);
         for (mat, r0) in &p.parts {
             let bias = p.bias.as_ref().map_or(0, |b| b.ptr + *r0 as u64 * 4);
-            let y = y + *r0 as u64 * 4;
-            self.mm(
-                mat,
-                Operands {
-                    bias,
-                    x,
-                    n,
-                    y,
-                    ystride,
-                    x_half,
-                    fuse,
-                },
-            )?;
+            let o = Operands {
+                bias,
+                x,
+                n,
+                y: y + *r0 as u64 * 4,
+                ystride,
+                x_half,
+                fuse,
+            };
+            let r = self.mm_rows(mat, o, fold)?;
+            if fold {
+                rows = r;
+            }
         }
-        Ok(())
+        Ok(rows)
     }
 
     /// `next`: the projection that reads `out` (its 8-bit activations are
@@ -3220,7 +3288,7 @@ impl CudaBackend {
     fn add_norm(
         &self,
         n: usize,
-        y: u64,
+        y: Rows,
         post: Option<&DNorm>,
         norm: Option<&DNorm>,
         out: u64,
@@ -3267,7 +3335,7 @@ impl CudaBackend {
             cl,
             &[
                 Arg::P(self.s.x.ptr),
-                Arg::P(y),
+                Arg::P(y.ptr),
                 Arg::P(post.map_or(0, |p| p.w.ptr)),
                 Arg::P(post.map_or(0, |p| opt_ptr(&p.b))),
                 Arg::P(norm.map_or(0, |p| p.w.ptr)),
@@ -3281,6 +3349,8 @@ impl CudaBackend {
                 q[2],
                 h[0],
                 h[1],
+                Arg::I(y.parts as i32),
+                Arg::P(y.stride as u64),
             ],
         )
     }
@@ -3385,7 +3455,14 @@ impl CudaBackend {
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
             if li == 0 && !fuse {
-                self.add_norm(n, 0, None, Some(&l.attn_norm), s.xn.ptr, Some(&l.qkv))?;
+                self.add_norm(
+                    n,
+                    Rows::at(0),
+                    None,
+                    Some(&l.attn_norm),
+                    s.xn.ptr,
+                    Some(&l.qkv),
+                )?;
             }
             let qkv_norm = norm_of(&l.attn_norm);
             self.proj(&l.qkv, norm_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm)?;
@@ -3630,11 +3707,11 @@ impl CudaBackend {
                     )?;
                 }
             }
-            self.proj(&l.o, s.att.ptr, n, res_y, hid, o_staged, res)?;
+            let o_rows = self.proj_rows(&l.o, s.att.ptr, n, res_y, hid, o_staged, res, !fuse)?;
             if !fuse {
                 self.add_norm(
                     n,
-                    s.tmp.ptr,
+                    o_rows,
                     l.post_attn_norm.as_ref(),
                     Some(&l.ffn_norm),
                     s.xn.ptr,
@@ -3693,14 +3770,15 @@ impl CudaBackend {
                 256,
                 act_args.get(),
             )?;
-            self.proj(&l.down, s.act.ptr, n, res_y, hid, down_staged, res)?;
+            let down_rows =
+                self.proj_rows(&l.down, s.act.ptr, n, res_y, hid, down_staged, res, !fuse)?;
             if fuse {
                 continue;
             }
             let next = self.layers.get(li + 1);
             self.add_norm(
                 n,
-                s.tmp.ptr,
+                down_rows,
                 l.post_ffn_norm.as_ref(),
                 next.map(|nl| &nl.attn_norm),
                 s.xn.ptr,

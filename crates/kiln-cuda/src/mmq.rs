@@ -139,15 +139,18 @@ pub(crate) struct MmqCall {
 
 impl MmqCall {
     /// Enqueues the product (`f`: the type's `mmq_*` for each of
-    /// [`TOKENS`]), then `reduce`
-    /// (`mmq_reduce`) where the matrix is split. A scratch too small for
-    /// the splits takes fewer of them.
+    /// [`TOKENS`]), then `reduce` (`mmq_reduce`) where the matrix is split,
+    /// unless `fold`: then the splits' sums stay in `part` for the kernel
+    /// that reads y to add. Returns how many splits' sums `part` holds (1:
+    /// y was written). A scratch too small for the splits takes fewer of
+    /// them.
     pub(crate) fn launch(
         &self,
         gpu: &Gpu,
         f: &[CUfunction; 4],
         reduce: CUfunction,
-    ) -> CuResult<()> {
+        fold: bool,
+    ) -> CuResult<usize> {
         let tile = tile_for(self.n);
         let mut s = splits(self.rows, self.cols, gpu.info.sms.max(1) as usize);
         while s > 1 && s * self.n * self.rows > self.part_floats {
@@ -178,8 +181,8 @@ impl MmqCall {
                 Arg::P(self.part),
             ],
         )?;
-        if s == 1 {
-            return Ok(());
+        if s == 1 || fold {
+            return Ok(s);
         }
         let total = self.n * self.rows;
         gpu.launch(
@@ -195,7 +198,8 @@ impl MmqCall {
                 Arg::I(self.ystride as i32),
                 Arg::P(self.bias),
             ],
-        )
+        )?;
+        Ok(1)
     }
 }
 
@@ -254,6 +258,7 @@ mod tests {
         assert_eq!(smem_bytes(144, 64), 3 * (64 * 148 + 64 * 352));
         assert_eq!(define("MMQ_XS"), X_BYTES);
         assert_eq!(define("MMQ_DS"), D_BYTES);
+        assert_eq!(define("MMQ_MAX_SPLITS"), MAX_SPLITS);
         for m in mmq_types() {
             let rb = m.run_bytes;
             assert!(

@@ -337,7 +337,7 @@ pub fn matmul_mmq(
         part: part.ptr,
         part_floats,
     }
-    .launch(gpu, &f, reduce)?;
+    .launch(gpu, &f, reduce, false)?;
     let qv: Vec<u8> = fetch(gpu, &q, n * cols)?;
     Ok((
         fetch(gpu, &p.y, n * rows)?,
