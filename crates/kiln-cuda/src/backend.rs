@@ -1287,8 +1287,9 @@ pub struct CudaBackend {
     /// `add_norm` as a cluster of blocks per token for rows past 4096
     /// values (sm_90+, unless `$KILN_CUDA_CLUSTER` is 0).
     clusters: bool,
-    /// That bound (`$KILN_CUDA_CLUSTER_ROWS`, default 4096): measured on
-    /// one-token steps, open for the tensor-core steps of 2-15 tokens.
+    /// That bound (`$KILN_CUDA_CLUSTER_ROWS`, default 4096): 2048 lost on
+    /// one-token steps and on batched steps of 2-8 tokens alike (NOTES.md
+    /// items 17, 76(b)).
     cluster_rows: usize,
     /// Split tensor-core products' sums added by the `add_norm` that reads
     /// them instead of `mmq_reduce` (`$KILN_CUDA_FOLD_SPLITS`, default on).
