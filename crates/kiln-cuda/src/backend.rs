@@ -3220,27 +3220,12 @@ impl CudaBackend {
     /// y[t][..] = proj(x[t]) for n tokens, each part into its row range.
     /// `staged`: the producer of `x` also wrote what `p` reads instead of it
     /// over `n` tokens: `s.xq` ([`Self::q8_args`]) or `s.xh`
-    /// ([`Self::half_args`]). `fuse`: see [`Fuse`] (one token).
+    /// ([`Self::half_args`]). `fuse`: see [`Fuse`] (one token). `fold` (for
+    /// an `add_norm` to read y, with [`Self::fold_splits`]): a one-part
+    /// projection's split tensor-core sums are left for it to add
+    /// ([`Self::mm_rows`]); the returned [`Rows`] say where y is.
     #[allow(clippy::too_many_arguments)]
     fn proj(
-        &self,
-        p: &Proj,
-        x: u64,
-        n: usize,
-        y: u64,
-        ystride: usize,
-        staged: bool,
-        fuse: Fuse,
-    ) -> CuResult<()> {
-        self.proj_rows(p, x, n, y, ystride, staged, fuse, false)
-            .map(|_| ())
-    }
-
-    /// [`Self::proj`] for an `add_norm` to read: with `fold` (and
-    /// [`Self::fold_splits`]) a one-part projection's split tensor-core
-    /// sums are left for it to add ([`Self::mm_rows`]).
-    #[allow(clippy::too_many_arguments)]
-    fn proj_rows(
         &self,
         p: &Proj,
         x: u64,
@@ -3466,7 +3451,7 @@ impl CudaBackend {
                 )?;
             }
             let qkv_norm = norm_of(&l.attn_norm);
-            self.proj(&l.qkv, norm_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm)?;
+            self.proj(&l.qkv, norm_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm, false)?;
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
@@ -3708,7 +3693,7 @@ impl CudaBackend {
                     )?;
                 }
             }
-            let o_rows = self.proj_rows(&l.o, s.att.ptr, n, res_y, hid, o_staged, res, !fuse)?;
+            let o_rows = self.proj(&l.o, s.att.ptr, n, res_y, hid, o_staged, res, !fuse)?;
             if !fuse {
                 self.add_norm(
                     n,
@@ -3722,12 +3707,14 @@ impl CudaBackend {
             let gu_stride = l.gate_up.rows;
             if let Some(glu) = self.glu_fuse(l, fuse) {
                 // act_mul's work inside the gate|up GEMV (s.xq for down).
-                self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, glu)?;
-                self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res)?;
+                self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, glu, false)?;
+                self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res, false)?;
                 continue;
             }
             let gu_norm = norm_of(&l.ffn_norm);
-            self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm)?;
+            self.proj(
+                &l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm, false,
+            )?;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
             let q = if inter % 32 == 0 {
                 self.q8_args(&l.down, n)
@@ -3772,7 +3759,7 @@ impl CudaBackend {
                 act_args.get(),
             )?;
             let down_rows =
-                self.proj_rows(&l.down, s.act.ptr, n, res_y, hid, down_staged, res, !fuse)?;
+                self.proj(&l.down, s.act.ptr, n, res_y, hid, down_staged, res, !fuse)?;
             if fuse {
                 continue;
             }
