@@ -1849,11 +1849,40 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
     eprintln!("load {:.1}s", t.elapsed().as_secs_f64());
     e.prefill_into(0, &ids, true, &mut all)
         .map_err(|e| e.to_string())?;
+    let vocab = all.len() / ids.len().max(1);
     e.reset(0);
     for &id in &ids {
         all.extend_from_slice(e.decode(0, id).map_err(|e| e.to_string())?);
     }
     drop(e);
+    // The same ids in 2, 3 and 4 sequences decoded together, each row
+    // against the decode alone above (stdout only; the file keeps its four
+    // blocks).
+    let alone = &all[ids.len() * vocab..];
+    for k in 2..=4usize {
+        let mut e = cuda_engine_with(&model, EngineOptions { max_seqs: k, ..o }, true, false)?;
+        let (mut same, mut worst) = (0usize, 0.0f32);
+        for (i, &id) in ids.iter().enumerate() {
+            let items: Vec<(usize, u32)> = (0..k).map(|s| (s, id)).collect();
+            let rows = e.decode_batch(&items).map_err(|e| e.to_string())?;
+            let want = &alone[i * vocab..(i + 1) * vocab];
+            for row in rows.chunks(vocab) {
+                same += usize::from(
+                    row.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                );
+                worst = row
+                    .iter()
+                    .zip(want)
+                    .fold(worst, |m, (a, b)| m.max((a - b).abs()));
+            }
+        }
+        println!(
+            "{k} sequences decoded together = alone, bit for bit: {same} of {} rows (max abs diff {worst:.3e})",
+            k * ids.len()
+        );
+    }
     let mut e = cuda_engine_with(&model, o, true, true)?;
     for &id in &ids {
         all.extend_from_slice(e.decode(0, id).map_err(|e| e.to_string())?);

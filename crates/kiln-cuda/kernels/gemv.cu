@@ -1164,6 +1164,98 @@ extern "C" __global__ void mvqs4s_q4_0r(const u8* W, u64 row_bytes, int rows, in
     mvqs_impl<T_Q4_0RS, 4>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
 }
 
+// The plain streaming kernel for steps of NT tokens (2-4: small batched
+// decode steps): each warp's row is loaded once and multiplied with every
+// token's 8-bit x, each token summed as mvqs_impl sums one, so a token's
+// y is the one-token kernel's bits whatever else shares the step. x (NT
+// tokens, token-major as quantize_q8 writes it) goes to dynamic shared
+// memory: NT x (cols + cols / 4) bytes (src/backend.rs mvqst_smem). grid: a
+// warp a row; y[t][r] at y + t ystride + r.
+template <int T, int U, int NT>
+__device__ __forceinline__ void mvqst_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
+                                           const i8* __restrict__ xq, const float* __restrict__ xd,
+                                           const float* __restrict__ xs, float* __restrict__ y, int ystride,
+                                           const float* __restrict__ bias) {
+    extern __shared__ __align__(16) u8 mvqst_smem[];
+    int n16 = cols >> 4, n32 = cols >> 5;
+    int4* sq = (int4*)mvqst_smem;
+    float* sd = (float*)(sq + NT * n16);
+    float* ss = sd + NT * n32;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int r = blockIdx.x * nw + warp, rstep = gridDim.x * nw;
+    int units = n32;
+    uint4 q[U][Rq<T>::QW];
+    u16 d[U];
+    if (r < rows) {
+        const u8* row = W + (u64)r * row_bytes;
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            if (lane + 32 * k < units) mvqs_load<T, false>(row, lane, k, cols, q[k], &d[k]);
+    }
+    PDL_ENTRY();
+    for (int i = threadIdx.x; i < NT * n16; i += blockDim.x) sq[i] = __ldg((const int4*)xq + i);
+    for (int i = threadIdx.x; i < NT * n32; i += blockDim.x) {
+        sd[i] = __ldg(xd + i);
+        ss[i] = __ldg(xs + i);
+    }
+    __syncthreads();
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int u0 = lane;
+    while (r < rows) {
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            if (u0 + 32 * k < units) {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    acc[t] = racc<T>(acc[t], q[k], d[k], u0 + 32 * k, sq + t * n16, sd + t * n32, ss + t * n32);
+            }
+        int rn = r;
+        u0 += 32 * U;
+        bool end = u0 >= units;
+        if (end) {
+            rn = r + rstep;
+            u0 = lane;
+        }
+        if (rn < rows) {
+            const u8* row = W + (u64)rn * row_bytes;
+#pragma unroll
+            for (int k = 0; k < U; k++)
+                if (u0 + 32 * k < units) mvqs_load<T, false>(row, u0, k, cols, q[k], &d[k]);
+        }
+        if (end) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = warp_sum(acc[t]);
+                if (lane == 0) y[(u64)t * ystride + r] = v + (bias ? bias[r] : 0.0f);
+                acc[t] = 0.0f;
+            }
+        }
+        r = rn;
+    }
+}
+// mvqst{NT}_{4, 8, 4s}_q4_0r: the forms of mvqs4 / mvqs8 / mvqs4s.
+#define MVQST(NT)                                                                                      \
+    extern "C" __global__ void mvqst##NT##_4_q4_0r(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                   const i8* xq, const float* xd, const float* xs,      \
+                                                   float* y, int ystride, const float* bias) {          \
+        mvqst_impl<T_Q4_0R, 4, NT>(W, row_bytes, rows, cols, xq, xd, xs, y, ystride, bias);            \
+    }                                                                                                 \
+    extern "C" __global__ void mvqst##NT##_8_q4_0r(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                   const i8* xq, const float* xd, const float* xs,      \
+                                                   float* y, int ystride, const float* bias) {          \
+        mvqst_impl<T_Q4_0R, 8, NT>(W, row_bytes, rows, cols, xq, xd, xs, y, ystride, bias);            \
+    }                                                                                                 \
+    extern "C" __global__ void mvqst##NT##_4s_q4_0r(const u8* W, u64 row_bytes, int rows, int cols,     \
+                                                    const i8* xq, const float* xd, const float* xs,     \
+                                                    float* y, int ystride, const float* bias) {         \
+        mvqst_impl<T_Q4_0RS, 4, NT>(W, row_bytes, rows, cols, xq, xd, xs, y, ystride, bias);           \
+    }
+MVQST(2)
+MVQST(3)
+MVQST(4)
+
 MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)
 MVQSN(q6_kr, T_Q6_KR, 4)

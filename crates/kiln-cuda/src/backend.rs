@@ -202,6 +202,16 @@ pub(crate) const MVQ_ROWS: usize = 1;
 /// Widest row the streaming one-token GEMVs (`mvqs*`) stage x for
 /// (MVQS_COLS in gemv.cu), and their threads per block (a row per warp).
 const MVQS_COLS: usize = 16384;
+/// Token counts of the plain streaming kernel's several-token forms
+/// (`mvqst*`, [`CudaBackend::streaming_nt`]).
+const MVQST_MIN: usize = 2;
+const MVQST_MAX: usize = 4;
+
+/// Dynamic shared memory of `mvqst{nt}` for rows of up to `cols` columns:
+/// each token's 8-bit x and its scales and sums (gemv.cu mvqst_impl).
+fn mvqst_smem(nt: usize, cols: usize) -> usize {
+    nt * (cols + cols / 4)
+}
 pub(crate) const MVQS_THREADS: u32 = 512;
 
 /// The matrices the streaming one-token GEMV (`mvqs{U}_*` in gemv.cu)
@@ -867,6 +877,8 @@ struct Kernels {
     /// `mvqs4s_q4_0r`: the plain streaming kernel for rows of four units a
     /// lane ([`plain_streaming`]).
     mvqs4s: cudarc::driver::sys::CUfunction,
+    /// `mvqst{NT}_{4, 8, 4s}_q4_0r` for NT = 2, 3, 4 ([`CudaBackend::streaming_nt`]).
+    mvqst: [[cudarc::driver::sys::CUfunction; 3]; 3],
     /// Per kernel-table index: `mvq` with two units per lane in flight
     /// ([`mvq_narrow`]).
     mvq2: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -1058,6 +1070,20 @@ impl Kernels {
             mvq,
             mvqs,
             mvqs4s: gpu.func("mvqs4s_q4_0r")?,
+            mvqst: {
+                let mut t = [[std::ptr::null_mut(); 3]; 3];
+                for (i, row) in t.iter_mut().enumerate() {
+                    let nt = i + MVQST_MIN;
+                    for (f, (form, cap)) in
+                        row.iter_mut()
+                            .zip([("4", 4096), ("8", MVQS_COLS), ("4s", 4096)])
+                    {
+                        *f = gpu.func(&format!("mvqst{nt}_{form}_q4_0r"))?;
+                        gpu.set_dyn_smem(*f, mvqst_smem(nt, cap) as u32)?;
+                    }
+                }
+                t
+            },
             mvq2,
             mvqsn,
             mvqsr,
@@ -1294,6 +1320,15 @@ pub struct CudaBackend {
     /// Split tensor-core products' sums added by the `add_norm` that reads
     /// them instead of `mmq_reduce` (`$KILN_CUDA_FOLD_SPLITS`, default on).
     fold_splits: bool,
+    /// Most tokens a step may have for the plain streaming kernel's
+    /// several-token forms ([`CudaBackend::streaming_nt`]; at most
+    /// MVQST_MAX, `$KILN_CUDA_MVQST` sets it, 0 or 1: none). Batch-invariant
+    /// runs take them for 2-4 tokens, where each token's y is its one-token
+    /// bits: 8B Q4_0 `--batch 2,3,4` 434 / 550 / 626 -> 644 / 765 / 849
+    /// generated tok/s against the few-token GEMVs. Default runs keep
+    /// `mmq_*`, which was as fast at 2 tokens and 17-28% faster at 3-4
+    /// (NOTES.md item 77).
+    mvqst_max: usize,
     /// Most slices per (query head, token) of the decode attention (a power
     /// of two; 1: no split). A step uses [`CudaBackend::split_for`].
     att_split: usize,
@@ -2252,6 +2287,9 @@ impl CudaBackend {
                 && std::env::var("KILN_CUDA_CLUSTER").map_or(true, |v| v != "0"),
             cluster_rows: env_parse("KILN_CUDA_CLUSTER_ROWS").unwrap_or(512 * 8),
             fold_splits: std::env::var("KILN_CUDA_FOLD_SPLITS").map_or(true, |v| v != "0"),
+            mvqst_max: env_parse("KILN_CUDA_MVQST")
+                .unwrap_or(if opts.invariant { MVQST_MAX } else { 0 })
+                .min(MVQST_MAX),
             att_split,
             att_blocks,
             att_gemm_min,
@@ -2747,6 +2785,27 @@ impl CudaBackend {
 
     /// [`Self::mm`] through cuBLAS or the GEMVs.
     fn mm_float_or_gemv(&self, mat: &DMat, o: Operands) -> CuResult<()> {
+        if let Some((f, threads)) = self.streaming_nt(mat, o.n) {
+            let grid = mat.rows.div_ceil(threads as usize / 32) as u32;
+            let xq = self.xq_args(true);
+            return self.gpu.launch(
+                f,
+                (grid, 1, 1),
+                threads,
+                &[
+                    Arg::P(mat.ptr()),
+                    Arg::P(mat.row_bytes as u64),
+                    Arg::I(mat.rows as i32),
+                    Arg::I(mat.cols as i32),
+                    xq[0],
+                    xq[1],
+                    xq[2],
+                    Arg::P(o.y),
+                    Arg::I(o.ystride as i32),
+                    Arg::P(o.bias),
+                ],
+            );
+        }
         if let (Some(fmt), Some(bl)) = (self.gemm_fmt(mat, o.n), &self.blas) {
             return self.gemm(bl, mat, fmt, o);
         }
@@ -3187,7 +3246,29 @@ impl CudaBackend {
             && n <= self.mmq_max.min(self.max_batch)
             && self.s.mmq_part.is_some();
         let (f, max) = self.k.mmq[mat.kernel].as_ref().filter(|_| step)?;
-        (n <= *max).then_some(f)
+        (n <= *max && self.streaming_nt(mat, n).is_none()).then_some(f)
+    }
+
+    /// The plain streaming kernel for a step of `n` tokens (2 to
+    /// `mvqst_max`) of a repacked Q4_0 matrix, and its threads a block:
+    /// each token's y the one-token kernel's bits.
+    fn streaming_nt(&self, mat: &DMat, n: usize) -> Option<(cudarc::driver::sys::CUfunction, u32)> {
+        if self.exact
+            || n < MVQST_MIN
+            || n > self.mvqst_max
+            || !self.mv_path(n)
+            || !self.uses_q8(mat)
+        {
+            return None;
+        }
+        let (u, _) = mvqs_kernel(mat.ty, mat.kernel >= REPACKED, mat.cols)?;
+        let (shifted, threads) = plain_streaming(mat.ty, mat.cols);
+        let form = match (u, shifted) {
+            (_, true) => 2,
+            (4, false) => 0,
+            _ => 1,
+        };
+        Some((self.k.mvqst[n - MVQST_MIN][form], threads))
     }
 
     /// Whether products over `n` tokens use the decode GEMVs.
@@ -4191,6 +4272,23 @@ mod tests {
     /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
     /// shared-memory row buffer does, and starts at the 7 scales that may
     /// move to a row's front.
+    /// The several-token streaming kernels exist for every token count
+    /// the host may pick, and their shared memory holds what mvqst_impl
+    /// lays out: per token the 8-bit x (cols bytes), then the scales and
+    /// sums (a float each per 32 values), and fits one SM beside a second
+    /// block at the widest rows.
+    #[test]
+    fn several_token_streaming_kernels_match_the_host() {
+        let src = include_str!("../kernels/gemv.cu");
+        for nt in MVQST_MIN..=MVQST_MAX {
+            assert!(src.contains(&format!("\nMVQST({nt})\n")), "MVQST({nt})");
+            for cols in [2048, 4096, 14_336, MVQS_COLS] {
+                assert_eq!(mvqst_smem(nt, cols), nt * cols + 2 * nt * (cols / 32) * 4);
+            }
+        }
+        assert!(2 * mvqst_smem(MVQST_MAX, MVQS_COLS) <= 227 * 1024);
+    }
+
     #[test]
     fn repack_limits_match_the_kernels() {
         let src = include_str!("../kernels/quant.cu");
