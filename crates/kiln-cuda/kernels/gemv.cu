@@ -894,7 +894,8 @@ extern "C" __global__ void mvqa2_q6_kr(const u8* W, u64 row_bytes, int rows, int
 // 3-8% slower than its mvq_q4_k: docs/BENCHMARKS.md.)
 #define MVQS_COLS 16384
 
-// One token's 8-bit x (cols <= MVQS_COLS) into the block's shared memory.
+// 8-bit x of `cols` values into the block's shared memory: one token's (cols <=
+// MVQS_COLS), or several tokens' rows back to back (mvqst_impl).
 __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i8* __restrict__ xq,
                                          const float* __restrict__ xd, const float* __restrict__ xs, int cols) {
     for (int i = threadIdx.x; i < cols / 16; i += blockDim.x) sq[i] = __ldg((const int4*)xq + i);
@@ -1193,12 +1194,8 @@ __device__ __forceinline__ void mvqst_impl(const u8* __restrict__ W, u64 row_byt
             if (lane + 32 * k < units) mvqs_load<T, false>(row, lane, k, cols, q[k], &d[k]);
     }
     PDL_ENTRY();
-    for (int i = threadIdx.x; i < NT * n16; i += blockDim.x) sq[i] = __ldg((const int4*)xq + i);
-    for (int i = threadIdx.x; i < NT * n32; i += blockDim.x) {
-        sd[i] = __ldg(xd + i);
-        ss[i] = __ldg(xs + i);
-    }
-    __syncthreads();
+    // The tokens' rows lie back to back: one staging of NT x cols values.
+    stage_xq(sq, sd, ss, xq, xd, xs, NT * cols);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -1235,7 +1232,9 @@ __device__ __forceinline__ void mvqst_impl(const u8* __restrict__ W, u64 row_byt
         r = rn;
     }
 }
-// mvqst{NT}_{4, 8, 4s}_q4_0r: the forms of mvqs4 / mvqs8 / mvqs4s.
+// mvqst{NT}_{4, 8, 4s}_q4_0r: the forms of mvqs4 / mvqs8 / mvqs4s. (The
+// row loads repeat mvqs_impl's plain path rather than share a helper with
+// it, so that the one-token kernels' compiled code stays as measured.)
 #define MVQST(NT)                                                                                      \
     extern "C" __global__ void mvqst##NT##_4_q4_0r(const u8* W, u64 row_bytes, int rows, int cols,      \
                                                    const i8* xq, const float* xd, const float* xs,      \
