@@ -24,6 +24,7 @@
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh batchab  # the same in batched decode: S_TG at --batch $BATCHES, 8B $EV_TYPES
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
+#   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
@@ -246,6 +247,22 @@ batchab)
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
     done
   done; done; date -u +%T ;;
+invab)
+  # NOTES.md item 77: cuda_check --logits decodes the same ids as 2, 3 and 4 sequences together
+  # and compares each row with the decode alone, in default and --batch-invariant runs; then
+  # invariant S_TG at --batch $BATCHES (default 2,3,4,8) for each KILN_CUDA_MVQST in $MVQST
+  # (default "0 4"), 8B $EV_TYPES (default q4_0).
+  T=$(gguf_types ${EV_TYPES:-q4_0})
+  [ -d /tmp/v8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/v8 --types "$T" > /dev/null 2>&1; date -u +%T
+  for t in ${EV_TYPES:-q4_0}; do
+    m=$(model_of /tmp/v8 $t); ids=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
+    echo "== v8 $t default"; /tmp/cc --logits $m "$ids" /tmp/inv.bin 2>/dev/null | tail -3
+    echo "== v8 $t invariant"; KILN_CUDA_INVARIANT=1 /tmp/cc --logits $m "$ids" /tmp/inv.bin 2>/dev/null | tail -3
+    for v in ${MVQST:-0 4}; do
+      echo "v8 $t invariant MVQST=$v $(KILN_CUDA_INVARIANT=1 KILN_CUDA_MVQST=$v /tmp/kiln bench $m --device cuda \
+        --batch ${BATCHES:-2,3,4,8} -p 128 -n 128 2>&1 | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
+    done
+  done; date -u +%T ;;
 l2sweep)
   # NOTES.md item 44: env-only settings of the L2 windows ($L2_VARIANTS; the attention's reach
   # KILN_CUDA_L2PF, act_mul's KILN_CUDA_L2PF_ACT), tg256 p16, 8B and 1B bf16, two rounds; then
