@@ -268,11 +268,8 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                                 &xs[t * cols..(t + 1) * cols],
                                 false,
                             );
-                            nt_same &= one.is_ok_and(|(y1, _)| {
-                                y1.iter()
-                                    .zip(&yn[t * rows..(t + 1) * rows])
-                                    .all(|(a, b)| a.to_bits() == b.to_bits())
-                            });
+                            nt_same &= one
+                                .is_ok_and(|(y1, _)| same_bits(&y1, &yn[t * rows..(t + 1) * rows]));
                         }
                     }
                     Err(e) => {
@@ -376,9 +373,7 @@ fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             let mut same = true;
             for m in [3usize, 8, 16, 37, 64] {
                 match kiln_cuda::testing::matmul_mmq(gpu, ty, &w, rows, cols, &x, m) {
-                    Ok((ym, _, _)) => {
-                        same &= ym.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits())
-                    }
+                    Ok((ym, _, _)) => same &= same_bits(&ym, &y),
                     Err(e) => {
                         failures.push(format!("mmq {ty} {rows}x{cols} {m} tokens: {e}"));
                         same = false;
@@ -535,6 +530,11 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
             }
         })
         .fold(0.0, f32::max)
+}
+
+/// Whether two results are the same floats, bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
 }
 
 fn max_mag(a: &[f32]) -> f32 {
@@ -1002,10 +1002,7 @@ fn fused_check_within(
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let rel = diff / max_mag(&plain);
-        let same = plain
-            .iter()
-            .zip(&fused)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = same_bits(&plain, &fused);
         Ok(Row {
             model: format!("synthetic, head dim {hd}, 2 layers"),
             file: format!("{}, {what} fused", ty.name()),
@@ -1867,15 +1864,8 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
             let rows = e.decode_batch(&items).map_err(|e| e.to_string())?;
             let want = &alone[i * vocab..(i + 1) * vocab];
             for row in rows.chunks(vocab) {
-                same += usize::from(
-                    row.iter()
-                        .zip(want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                );
-                worst = row
-                    .iter()
-                    .zip(want)
-                    .fold(worst, |m, (a, b)| m.max((a - b).abs()));
+                same += usize::from(same_bits(row, want));
+                worst = worst.max(max_abs(row, want));
             }
         }
         println!(
@@ -2149,34 +2139,31 @@ fn repacked_same(
     xs: &[f32],
 ) -> kiln_cuda::gpu::CuResult<bool> {
     use kiln_cuda::testing as t;
-    let same = |a: &[f32], b: &[f32]| {
-        a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-    };
     let checks = [
         (
             "one-token 8-bit",
-            same(
+            same_bits(
                 &t::matvec_fast(gpu, ty, w, rows, cols, x, false)?.0,
                 &t::matvec_fast(gpu, ty, w, rows, cols, x, true)?.0,
             ),
         ),
         (
             "8-token 8-bit",
-            same(
+            same_bits(
                 &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, false)?,
                 &t::matvec_fast_nt(gpu, ty, w, rows, cols, xs, 8, true)?,
             ),
         ),
         (
             "one-token f32",
-            same(
+            same_bits(
                 &t::matvec(gpu, ty, w, rows, cols, x, false)?,
                 &t::matvec(gpu, ty, w, rows, cols, x, true)?,
             ),
         ),
         (
             "8-token f32",
-            same(
+            same_bits(
                 &t::matmul(gpu, ty, w, rows, cols, xs, 8, false)?,
                 &t::matmul(gpu, ty, w, rows, cols, xs, 8, true)?,
             ),

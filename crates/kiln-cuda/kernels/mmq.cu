@@ -76,6 +76,16 @@ struct MqRuns {
     };
 };
 
+// A unit's nibble A fragments from rows g and g + 8's words of its bytes
+// 4t..4t+3 (w0, w1): the low nibbles are values 4t.. (a0, a1), the high
+// ones values 16 + 4t.. (a2, a3); repacked Q4_0 and Q4_K lay units out so.
+__device__ __forceinline__ void nib_frags(u32 (&a)[4], u32 w0, u32 w1) {
+    a[0] = w0 & 0x0f0f0f0fu;
+    a[1] = w1 & 0x0f0f0f0fu;
+    a[2] = (w0 >> 4) & 0x0f0f0f0fu;
+    a[3] = (w1 >> 4) & 0x0f0f0f0fu;
+}
+
 // Repacked Q4_0 (runs of 8 units: 8 x 16 quant bytes, then 8 f16 scales).
 // Byte i of a unit holds value i (low nibble) and i + 16 (high), so the
 // lane's word 4t..4t+3 gives both a0 (low) and a2 (high). The nibbles go
@@ -87,11 +97,7 @@ struct Mq<T_Q4_0R> : MqRuns<144> {
         u32 a[4];
         float dg, dg8;
         __device__ __forceinline__ Unit(const Stage&, const u8* sg, const u8* sg8, int j, int t) {
-            u32 w0 = *(const u32*)(sg + 16 * j + 4 * t), w1 = *(const u32*)(sg8 + 16 * j + 4 * t);
-            a[0] = w0 & 0x0f0f0f0fu;
-            a[1] = w1 & 0x0f0f0f0fu;
-            a[2] = (w0 >> 4) & 0x0f0f0f0fu;
-            a[3] = (w1 >> 4) & 0x0f0f0f0fu;
+            nib_frags(a, *(const u32*)(sg + 16 * j + 4 * t), *(const u32*)(sg8 + 16 * j + 4 * t));
             dg = h2f(*(const u16*)(sg + 128 + 2 * j));
             dg8 = h2f(*(const u16*)(sg8 + 128 + 2 * j));
         }
@@ -156,11 +162,7 @@ struct Mq<T_Q4_KR> : MqRuns<144> {
         u32 a[4];
         float dg, dg8, mg, mg8;
         __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
-            u32 w0 = *(const u32*)(sg + 16 + 16 * j + 4 * t), w1 = *(const u32*)(sg8 + 16 + 16 * j + 4 * t);
-            a[0] = w0 & 0x0f0f0f0fu;
-            a[1] = w1 & 0x0f0f0f0fu;
-            a[2] = (w0 >> 4) & 0x0f0f0f0fu;
-            a[3] = (w1 >> 4) & 0x0f0f0f0fu;
+            nib_frags(a, *(const u32*)(sg + 16 + 16 * j + 4 * t), *(const u32*)(sg8 + 16 + 16 * j + 4 * t));
             scale_min(st.hg, j, dg, mg);
             scale_min(st.hg8, j, dg8, mg8);
         }

@@ -202,6 +202,7 @@ pub(crate) const MVQ_ROWS: usize = 1;
 /// Widest row the streaming one-token GEMVs (`mvqs*`) stage x for
 /// (MVQS_COLS in gemv.cu), and their threads per block (a row per warp).
 const MVQS_COLS: usize = 16384;
+pub(crate) const MVQS_THREADS: u32 = 512;
 /// Token counts of the plain streaming kernel's several-token forms
 /// (`mvqst*`, [`CudaBackend::streaming_nt`]).
 const MVQST_MIN: usize = 2;
@@ -212,7 +213,6 @@ const MVQST_MAX: usize = 4;
 fn mvqst_smem(nt: usize, cols: usize) -> usize {
     nt * (cols + cols / 4)
 }
-pub(crate) const MVQS_THREADS: u32 = 512;
 
 /// The matrices the streaming one-token GEMV (`mvqs{U}_*` in gemv.cu)
 /// takes: kernel-table index and name suffix.
@@ -4269,9 +4269,6 @@ mod tests {
         }
     }
 
-    /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
-    /// shared-memory row buffer does, and starts at the 7 scales that may
-    /// move to a row's front.
     /// The several-token streaming kernels exist for every token count
     /// the host may pick, and their shared memory holds what mvqst_impl
     /// lays out: per token the 8-bit x (cols bytes), then the scales and
@@ -4289,6 +4286,9 @@ mod tests {
         assert!(2 * mvqst_smem(MVQST_MAX, MVQS_COLS) <= 227 * 1024);
     }
 
+    /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
+    /// shared-memory row buffer does, and starts at the 7 scales that may
+    /// move to a row's front.
     #[test]
     fn repack_limits_match_the_kernels() {
         let src = include_str!("../kernels/quant.cu");
