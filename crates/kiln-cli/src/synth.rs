@@ -23,7 +23,7 @@ use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B.
+    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-360M, Gemma-3-1B.
     pub shape: String,
     /// Output folder: `hf/` and `model-<type>.gguf` are written inside.
     pub out_dir: PathBuf,
@@ -107,6 +107,12 @@ fn shape(name: &str) -> Option<Shape> {
             theta: 1e6,
             eps: 1e-6,
             ..s(Kind::Qwen3, 151936, 1024, 28, 16, 8, 128, 3072, true)
+        },
+        // Rows of 960 values: not whole runs of 8 quantized blocks.
+        "smollm2-360m" => Shape {
+            max_pos: 8192,
+            theta: 100000.0,
+            ..s(Kind::Llama, 49152, 960, 32, 15, 5, 64, 2560, true)
         },
         "gemma-3-1b" => Shape {
             max_pos: 32768,
@@ -417,7 +423,7 @@ fn tokenizer_json() -> serde_json::Value {
 pub fn run(a: Args) -> CliResult {
     let s = shape(&a.shape).ok_or_else(|| {
         format!(
-            "unknown shape '{}' (known: tiny, tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Gemma-3-1B)",
+            "unknown shape '{}' (known: tiny, tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-360M, Gemma-3-1B)",
             a.shape
         )
     })?;
@@ -570,7 +576,13 @@ mod tests {
 
     #[test]
     fn named_shapes_have_consistent_tensor_lists() {
-        for name in ["Llama-3.2-1B", "Llama-3.1-8B", "Qwen3-0.6B", "Gemma-3-1B"] {
+        for name in [
+            "Llama-3.2-1B",
+            "Llama-3.1-8B",
+            "Qwen3-0.6B",
+            "SmolLM2-360M",
+            "Gemma-3-1B",
+        ] {
             let s = shape(name).unwrap();
             let n: usize = tensors(&s)
                 .iter()
@@ -580,6 +592,7 @@ mod tests {
                 "Llama-3.2-1B" => (1.2e9, 1.3e9),
                 "Llama-3.1-8B" => (7.9e9, 8.1e9),
                 "Qwen3-0.6B" => (0.58e9, 0.62e9),
+                "SmolLM2-360M" => (0.35e9, 0.37e9),
                 _ => (0.98e9, 1.01e9),
             };
             assert!((lo..hi).contains(&(n as f64)), "{name}: {n} parameters");

@@ -373,7 +373,8 @@ fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             let mut same = true;
             for m in [3usize, 8, 16, 37, 64] {
                 match kiln_cuda::testing::matmul_mmq(gpu, ty, &w, rows, cols, &x, m) {
-                    Ok((ym, _, _)) => same &= same_bits(&ym, &y),
+                    // The first m tokens' rows of the 100-token product.
+                    Ok((ym, _, _)) => same &= same_bits(&ym, &y[..ym.len().min(y.len())]),
                     Err(e) => {
                         failures.push(format!("mmq {ty} {rows}x{cols} {m} tokens: {e}"));
                         same = false;

@@ -342,19 +342,31 @@ __device__ __forceinline__ u32 spread4(u32 h) {
     return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
+// The integer dot product of a Q5_0 block's low nibbles (word i's byte j:
+// value 4 i + j low, 16 + 4 i + j high) and fifth bits qh with x's 8 words.
+__device__ __forceinline__ int q5_dot(const u32* a, u32 qh, const int* xv) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)((a[i] & 0x0f0f0f0fu) | spread4(qh >> (4 * i))), xv[i], s);
+        s = __dp4a((int)(((a[i] >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i))), xv[4 + i], s);
+    }
+    return s;
+}
+
+// A Q5_0 unit's sum, rounded as q4_0_sum: plain and repacked kernels give the same bits.
+__device__ __forceinline__ float q5_0_sum(float d, int s, float dx, float sx) {
+    return __fmul_rn(d, __fsub_rn(__fmul_rn(dx, (float)s), __fmul_rn(16.0f, sx)));
+}
+
 // { f16 d; u32 qh; u8 qs[16] }: w = d * (q - 16)
 template <>
 __device__ __forceinline__ float qdot<T_Q5_0>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     const u8* b = row + u * 22;
-    u32 qh = ld_u32_a2(b + 2);
-    int s = 0;
+    u32 a[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        u32 v = ld_u32_a2(b + 6 + 4 * i);
-        s = __dp4a((int)((v & 0x0f0f0f0fu) | spread4(qh >> (4 * i))), xv[i], s);
-        s = __dp4a((int)(((v >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i))), xv[4 + i], s);
-    }
-    return ld_h(b) * (dx * (float)s - 16.0f * sx);
+    for (int i = 0; i < 4; i++) a[i] = ld_u32_a2(b + 6 + 4 * i);
+    return q5_0_sum(ld_h(b), q5_dot(a, ld_u32_a2(b + 2), xv), dx, sx);
 }
 
 // { f16 d; f16 m; u32 qh; u8 qs[16] }: w = d * q + m
@@ -398,6 +410,13 @@ struct Rq<T_Q8_0R> {
 template <>
 struct Rq<T_Q4_0R> {
     static constexpr int QB = 16, QW = 1, UW = 8;
+};
+
+// Repacked Q5_0: word 0 the unit's low nibbles, word 1's x its fifth bits;
+// four units a lane in flight, as Q4_0R's eight 16-byte words.
+template <>
+struct Rq<T_Q5_0R> {
+    static constexpr int QW = 2, UW = 8;
 };
 
 // Repacked Q6_K: word 0 the unit's low nibbles, word 1 its high bit pairs
@@ -481,6 +500,13 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
     *d = (u16)(u & 7);
 }
 
+template <>
+__device__ __forceinline__ void rload<T_Q5_0R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q[0] = ld_stream16(r8_q<16, 4>(row, u));
+    q[1] = make_uint4(ld_stream4(r8_hp<16, 4>(row, u)), 0u, 0u, 0u);
+    *d = ld_u16(r8_dp<16, 4>(row, u));
+}
+
 template <int T>
 __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     rload<T>(row, u0 + 32 * k, cols, q, d);
@@ -493,6 +519,13 @@ __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int
     constexpr int KS = 4 * 8 * (16 + 2);
     q[0] = ld_stream16(r8_q<16>(row, u0) + KS * k);
     *d = ld_u16(r8_dp<16>(row, u0) + KS * k);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q5_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    constexpr int KS = 4 * 8 * (16 + 4 + 2);
+    q[0] = ld_stream16(r8_q<16, 4>(row, u0) + KS * k);
+    q[1] = make_uint4(ld_stream4(r8_hp<16, 4>(row, u0) + KS * k), 0u, 0u, 0u);
+    *d = ld_u16(r8_dp<16, 4>(row, u0) + KS * k);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -549,6 +582,12 @@ __device__ __forceinline__ int nib_dot(const uint4& q, const int* xv) {
 template <>
 __device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     return q4_0_sum(h2f(d), nib_dot(q[0], xv), dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q5_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+    return q5_0_sum(h2f(d), q5_dot(a, q[1].x, xv), dx, sx);
 }
 
 // Repacked Q4_0 summed with nib_dot_shift (nib_dot's earlier form; the same
@@ -642,6 +681,11 @@ __device__ __forceinline__ float rqdot(const u8* __restrict__ row, int u, int co
 template <>
 __device__ __forceinline__ float qdot<T_Q4_0R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     return rqdot<T_Q4_0R>(row, u, cols, xv, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q5_0R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q5_0R>(row, u, cols, xv, dx, sx);
 }
 
 template <>
@@ -854,6 +898,7 @@ MVQ(q5_0, T_Q5_0)
 MVQ(q5_1, T_Q5_1)
 MVQ(q8_0, T_Q8_0)
 MVQR(q8_0r, T_Q8_0R)
+MVQR(q5_0r, T_Q5_0R)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
@@ -1534,6 +1579,7 @@ MVQ_NT(q5_0, T_Q5_0)
 MVQ_NT(q5_1, T_Q5_1)
 MVQ_NT(q8_0, T_Q8_0)
 MVQ_NT(q8_0r, T_Q8_0R)
+MVQ_NT(q5_0r, T_Q5_0R)
 MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)

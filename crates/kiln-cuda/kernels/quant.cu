@@ -309,24 +309,34 @@ __device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, 
     }
 }
 
-// ---- Repacked Q4_0 / Q8_0 (layer matrices with cols % 256 == 0,
-// rearranged in place on the GPU at load by `repack8`): each run of 8
-// blocks is stored as their 8 quant arrays (QB = 16 or 32 bytes each), then
-// their 8 f16 scales. A block's quants then start 16-byte aligned and are
-// one or two loads instead of eight or sixteen 2-byte ones. Same bytes per
-// row, same values. Kernel type id: T_REPACKED + the ggml id.
+// ---- Repacked Q4_0 / Q8_0 / Q5_0: each run of 8 blocks is stored as their
+// 8 quant arrays (QB = 16 or 32 bytes each), then (Q5_0) their 8 words of
+// fifth bits (HB = 4 bytes each), then their 8 f16 scales. A block's quants
+// then start 16-byte aligned and are one or two loads instead of eight or
+// sixteen 2-byte ones. Rows of whole runs (cols % 256 == 0) of Q4_0 / Q8_0
+// are rearranged in place at load (`repack8`: same bytes per row); other
+// rows, and Q5_0, into a new buffer whose rows are whole runs (`repack8_to`:
+// the last run's missing blocks are zeros no kernel reads, since every
+// kernel stops at the row's cols / 32 units). Kernel type id: T_REPACKED +
+// the ggml id.
 #define T_REPACKED 48
 #define T_Q8_0R (T_REPACKED + T_Q8_0)
 #define T_Q4_0R (T_REPACKED + T_Q4_0)
+#define T_Q5_0R (T_REPACKED + T_Q5_0)
 
-template <int QB>
+template <int QB, int HB = 0>
 __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
-    return row + (u >> 3) * (8 * (QB + 2)) + (u & 7) * QB;
+    return row + (u >> 3) * (8 * (QB + HB + 2)) + (u & 7) * QB;
+}
+// Where unit u's word of fifth bits sits (HB > 0).
+template <int QB, int HB>
+__device__ __forceinline__ const u8* r8_hp(const u8* row, int u) {
+    return row + (u >> 3) * (8 * (QB + HB + 2)) + 8 * QB + (u & 7) * HB;
 }
 // Where unit u's f16 scale sits.
-template <int QB>
+template <int QB, int HB = 0>
 __device__ __forceinline__ const u8* r8_dp(const u8* row, int u) {
-    return row + (u >> 3) * (8 * (QB + 2)) + 8 * QB + (u & 7) * 2;
+    return row + (u >> 3) * (8 * (QB + HB + 2)) + 8 * (QB + HB) + (u & 7) * 2;
 }
 template <int QB>
 __device__ __forceinline__ float r8_d(const u8* row, int u) {
@@ -343,6 +353,24 @@ __device__ __forceinline__ void unit<T_Q4_0R>(const u8* __restrict__ row, int u,
         int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
         w[i] = d * (float)((q & 15) - 8);
         w[i + 16] = d * (float)((q >> 4) - 8);
+    }
+}
+
+// Repacked Q5_0: w = d * (q - 16), q's fifth bit from the unit's word
+// (bit i: value i, bit 16 + i: value 16 + i).
+template <>
+__device__ __forceinline__ void unit<T_Q5_0R>(const u8* __restrict__ row, int u, int cols, float* w) {
+    uint4 v = *(const uint4*)r8_q<16, 4>(row, u);
+    u32 qh = *(const u32*)r8_hp<16, 4>(row, u);
+    float d = ld_h(r8_dp<16, 4>(row, u));
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        int lo = (q & 15) | (((qh >> i) & 1) << 4);
+        int hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
+        w[i] = d * (float)(lo - 16);
+        w[i + 16] = d * (float)(hi - 16);
     }
 }
 
@@ -545,6 +573,30 @@ extern "C" __global__ void repack_q5k(u8* W, u64 nsb) { PDL_ENTRY();
 // In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
 // first, as in the file): the run becomes the 8 quant arrays, then the 8
 // scales. grid-stride over `runs`; qb <= 32.
+// Out of place, one thread per run of 8 blocks of a row: `rows` rows of
+// `blocks` blocks of 2 + hb + qb bytes (f16 scale, hb bytes of fifth bits,
+// qb quant bytes, as in the file) from src into rows of `dst_row` bytes of
+// whole runs (quant arrays, fifth-bit words, scales), blocks past `blocks`
+// zeros. grid-stride.
+extern "C" __global__ void repack8_to(const u8* src, u8* dst, int rows, int blocks, int qb, int hb, u64 dst_row) {
+    PDL_ENTRY();
+    int runs = (blocks + 7) >> 3, bs = 2 + hb + qb;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)rows * runs;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 r = i / runs;
+        int k = (int)(i % runs);
+        const u8* s = src + (r * blocks + 8 * k) * bs;
+        u8* o = dst + r * dst_row + (u64)k * 8 * bs;
+        for (int j = 0; j < 8; j++) {
+            bool in = 8 * k + j < blocks;
+            const u8* b = s + j * bs;
+            for (int c = 0; c < qb; c++) o[j * qb + c] = in ? b[2 + hb + c] : 0;
+            for (int c = 0; c < hb; c++) o[8 * qb + j * hb + c] = in ? b[2 + c] : 0;
+            for (int c = 0; c < 2; c++) o[8 * (qb + hb) + 2 * j + c] = in ? b[c] : 0;
+        }
+    }
+}
+
 extern "C" __global__ void repack8(u8* W, u64 runs, int qb) { PDL_ENTRY();
     int hb = qb / 2 + 1;  // u16 per block
     for (u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += (u64)gridDim.x * blockDim.x) {

@@ -85,9 +85,10 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 pub(crate) const REPACKED: usize = 48;
 
 /// Quantized types whose matrices are repacked at load, and their kernels'
-/// name suffix. Q4_0 / Q8_0 (`repack8` in quant.cu): each run of 8 blocks
-/// as 8 quant arrays, then 8 scales, so the GEMVs read a block's quants with
-/// one 16-byte load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
+/// name suffix. Q4_0 / Q8_0 / Q5_0 (`repack8` / `repack8_to` in quant.cu):
+/// each run of 8 blocks as 8 quant arrays, then (Q5_0) 8 words of fifth
+/// bits, then 8 scales, so the GEMVs read a block's quants with one 16-byte
+/// load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
 /// super-block's nibbles as one 16-byte run per 32-value unit behind its
 /// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
 /// (`repack_q6k`): the super-blocks' f16 scales moved aside so that the rest
@@ -97,6 +98,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
     match ty {
         GgmlType::Q4_0 => Some("q4_0r"),
         GgmlType::Q8_0 => Some("q8_0r"),
+        GgmlType::Q5_0 => Some("q5_0r"),
         GgmlType::Q6K => Some("q6_kr"),
         GgmlType::Q4K => Some("q4_kr"),
         GgmlType::Q5K => Some("q5_kr"),
@@ -109,6 +111,13 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
 pub(crate) enum Repack {
     /// `repack8`: whole runs of 8 blocks of this many quant bytes.
     Runs8(usize),
+    /// `repack8_to`: into a new buffer of rows of whole runs of 8 blocks of
+    /// `qb` quant bytes and `hb` bytes of fifth bits (rows that are not
+    /// whole runs, and Q5_0, whose run is not its blocks' bytes).
+    Runs8To {
+        qb: usize,
+        hb: usize,
+    },
     /// `repack_q6k`: rows of this many super-blocks.
     Q6K(usize),
     /// `repack_q4k` / `repack_q5k`: each super-block in its place.
@@ -124,10 +133,13 @@ const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
 /// The repacked layout of rows of `cols` values of `ty`, when they have one.
 pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
-    let whole = cols % 256 == 0;
+    let (whole, blocks) = (cols % 256 == 0, cols % 32 == 0);
     match ty {
         GgmlType::Q4_0 if whole => Some(Repack::Runs8(16)),
         GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
+        GgmlType::Q4_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 0 }),
+        GgmlType::Q8_0 if blocks => Some(Repack::Runs8To { qb: 32, hb: 0 }),
+        GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
@@ -139,6 +151,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 #[derive(Clone, Copy)]
 pub(crate) struct Repackers {
     runs8: cudarc::driver::sys::CUfunction,
+    runs8_to: cudarc::driver::sys::CUfunction,
     q6k: cudarc::driver::sys::CUfunction,
     q4k: cudarc::driver::sys::CUfunction,
     q5k: cudarc::driver::sys::CUfunction,
@@ -148,6 +161,7 @@ impl Repackers {
     pub(crate) fn load(gpu: &mut Gpu) -> CuResult<Repackers> {
         Ok(Repackers {
             runs8: gpu.func("repack8")?,
+            runs8_to: gpu.func("repack8_to")?,
             q6k: gpu.func("repack_q6k")?,
             q4k: gpu.func("repack_q4k")?,
             q5k: gpu.func("repack_q5k")?,
@@ -155,9 +169,19 @@ impl Repackers {
     }
 }
 
-/// Rearranges `rows` x `cols` values of `ty` at `ptr` in place into the
-/// repacked layout; returns the kernel-table index for the result, or None
-/// (and leaves the bytes) when `ty` or `cols` has no repacked layout.
+/// A matrix in the repacked layout.
+pub(crate) struct Repacked {
+    /// Its kernel-table index.
+    pub(crate) kernel: usize,
+    /// Where it was written out of place ([`Repack::Runs8To`]): the new
+    /// buffer and its bytes a row (whole runs); the old bytes are left as
+    /// they were.
+    pub(crate) moved: Option<(DevBuf, usize)>,
+}
+
+/// Rearranges `rows` x `cols` values of `ty` at `ptr` into the repacked
+/// layout, in place or into a new buffer; None (and the bytes left as they
+/// are) when `ty` or `cols` has no repacked layout.
 pub(crate) fn repack(
     gpu: &Gpu,
     f: &Repackers,
@@ -165,7 +189,7 @@ pub(crate) fn repack(
     ptr: u64,
     rows: usize,
     cols: usize,
-) -> CuResult<Option<usize>> {
+) -> CuResult<Option<Repacked>> {
     let Some(layout) = repack_layout(ty, cols) else {
         return Ok(None);
     };
@@ -177,6 +201,7 @@ pub(crate) fn repack(
     // super-block (grid-stride); one of either per 256 values.
     let units = rows * cols / 256;
     let per_unit = (units.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
+    let mut moved = None;
     match layout {
         Repack::Runs8(qb) => gpu.launch(
             f.runs8,
@@ -184,6 +209,28 @@ pub(crate) fn repack(
             256,
             &[Arg::P(ptr), Arg::P(units as u64), Arg::I(qb as i32)],
         )?,
+        Repack::Runs8To { qb, hb } => {
+            // A thread per run of a row.
+            let blocks = cols / 32;
+            let runs = blocks.div_ceil(8);
+            let row_bytes = runs * 8 * (qb + hb + 2);
+            let dst = DevBuf::alloc(rows * row_bytes)?;
+            gpu.launch(
+                f.runs8_to,
+                ((rows * runs).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(ptr),
+                    Arg::P(dst.ptr),
+                    Arg::I(rows as i32),
+                    Arg::I(blocks as i32),
+                    Arg::I(qb as i32),
+                    Arg::I(hb as i32),
+                    Arg::P(row_bytes as u64),
+                ],
+            )?;
+            moved = Some((dst, row_bytes));
+        }
         Repack::Q6K(nsb) => gpu.launch(
             f.q6k,
             (rows.clamp(1, 65535) as u32, 1, 1),
@@ -193,7 +240,10 @@ pub(crate) fn repack(
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
     }
-    Ok(Some(REPACKED + ty.id() as usize))
+    Ok(Some(Repacked {
+        kernel: REPACKED + ty.id() as usize,
+        moved,
+    }))
 }
 
 /// Rows per warp of the `mvq_*` kernels.
@@ -797,6 +847,8 @@ struct DMat {
     ty: GgmlType,
     rows: usize,
     cols: usize,
+    /// Bytes from a row to the next: the type's bytes for `cols` values, or
+    /// more in a layout that pads rows ([`Repack::Runs8To`]).
     row_bytes: usize,
     /// Index into the per-type kernel tables: the ggml id, or REPACKED + id.
     kernel: usize,
@@ -807,8 +859,9 @@ impl DMat {
         self.buf.ptr + self.off
     }
 
+    /// The weight bytes a product reads (a padded row's padding is never read).
     fn bytes(&self) -> usize {
-        self.rows * self.row_bytes
+        self.rows * (self.cols / self.ty.block_size() * self.ty.type_size())
     }
 }
 
@@ -2089,11 +2142,21 @@ impl CudaBackend {
                     .into_iter()
                     .flat_map(|p| p.parts.iter_mut().map(|(mat, _)| mat))
             });
+            // The buffers that out-of-place repacks leave, freed after the
+            // repacking kernels have read them.
+            let mut left = Vec::new();
             for mat in layer_mats.chain([&mut embd]).chain(output.as_mut()) {
-                if let Some(kid) = repack(&gpu, &k.repack, mat.ty, mat.ptr(), mat.rows, mat.cols)? {
-                    mat.kernel = kid;
+                if let Some(r) = repack(&gpu, &k.repack, mat.ty, mat.ptr(), mat.rows, mat.cols)? {
+                    mat.kernel = r.kernel;
+                    if let Some((buf, row_bytes)) = r.moved {
+                        left.push(std::mem::replace(&mut mat.buf, Arc::new(buf)));
+                        mat.off = 0;
+                        mat.row_bytes = row_bytes;
+                    }
                 }
             }
+            gpu.sync()?;
+            drop(left);
         }
         let out_norm = load_norm(m, d, "output_norm")?;
 
@@ -3245,6 +3308,9 @@ impl CudaBackend {
             && n >= self.mmq_min
             && n <= self.mmq_max.min(self.max_batch)
             && self.s.mmq_part.is_some();
+        // The MMQ kernels read whole runs of 8 units: rows of cols % 256 == 0.
+        #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+        let step = step && mat.cols % 256 == 0;
         let (f, max) = self.k.mmq[mat.kernel].as_ref().filter(|_| step)?;
         (n <= *max && self.streaming_nt(mat, n).is_none()).then_some(f)
     }
@@ -4308,7 +4374,18 @@ mod tests {
         assert_eq!(repack_layout(Q6K, (max_sb + 1) * 256), None);
         assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Runs8(16)));
         assert_eq!(repack_layout(Q8_0, 2048), Some(Repack::Runs8(32)));
-        assert_eq!(repack_layout(Q4_0, 4096 + 32), None);
+        // Rows of whole blocks but not whole runs, and Q5_0 always: out of place.
+        let q4 = Some(Repack::Runs8To { qb: 16, hb: 0 });
+        assert_eq!(repack_layout(Q4_0, 4096 + 32), q4);
+        assert_eq!(repack_layout(Q4_0, 1152), q4);
+        assert_eq!(
+            repack_layout(Q8_0, 896),
+            Some(Repack::Runs8To { qb: 32, hb: 0 })
+        );
+        let q5 = Some(Repack::Runs8To { qb: 16, hb: 4 });
+        assert_eq!(repack_layout(Q5_0, 4096), q5);
+        assert_eq!(repack_layout(Q5_0, 576), q5);
+        assert_eq!(repack_layout(Q4_0, 48), None);
         assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q5K, 4096), Some(Repack::Q5K));

@@ -400,16 +400,23 @@ fn product_buffers(
     y_len: usize,
 ) -> CuResult<Product> {
     gpu.bind()?;
-    let dw = DevBuf::from_bytes(w)?;
+    let mut dw = DevBuf::from_bytes(w)?;
     let mut suffix = None;
+    let mut row_bytes = cols / ty.block_size() * ty.type_size();
     if repacked {
         let f = Repackers::load(gpu)?;
         match (repack(gpu, &f, ty, dw.ptr, rows, cols)?, repacked_name(ty)) {
-            (Some(_), Some(name)) => suffix = Some(name),
+            (Some(r), Some(name)) => {
+                suffix = Some(name);
+                if let Some((buf, rb)) = r.moved {
+                    gpu.sync()?;
+                    dw = buf;
+                    row_bytes = rb;
+                }
+            }
             _ => return Err(CudaError(format!("{ty} x {cols} is not repacked"))),
         }
     }
-    let row_bytes = cols / ty.block_size() * ty.type_size();
     let w_args = [
         Arg::P(dw.ptr),
         Arg::P(row_bytes as u64),
