@@ -1297,6 +1297,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // differ; the quantized ones stage add_norm's 8-bit x, bit for bit.
     for (ty, tol) in [
         (GgmlType::Q4_0, 0.0),
+        (GgmlType::Q5_0, 0.0),
         (GgmlType::F16, 1e-5),
         (GgmlType::Q4K, 0.0),
         (GgmlType::Q5K, 0.0),
@@ -1305,7 +1306,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         fused_check_within(&mut rows, "add_norm", ty, 64, tol, |o, on| o.fuse_norm = on);
     }
     // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
-    for ty in [GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
         fused_check(&mut rows, "act_mul", ty, 64, |o, on| o.fuse_glu = on);
     }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");

@@ -1307,6 +1307,13 @@ MVQSN(q6_kr, T_Q6_KR, 2)
 MVQSR(q4_kr, T_Q4_KR, 2)
 MVQSR(q5_kr, T_Q5_KR, 2)
 MVQSR(q6_kr, T_Q6_KR, 4)
+// The k-quant mixes of models whose rows are not whole super-blocks (960,
+// 1,152 columns): Q5_0 products, and Q8_0 V products staging the norm
+// beside them (a Q8_0 model's own products keep add_norm: mvqp_fused_types).
+MVQSN(q5_0r, T_Q5_0R, 4)
+MVQSR(q5_0r, T_Q5_0R, 4)
+MVQA(q5_0r, T_Q5_0R)
+MVQSN(q8_0r, T_Q8_0R, 2)
 
 // The norm-staging GEMV over two matrices of different types that share
 // x and follow each other in y (a Q4_K_M layer's Q|K in Q4_K and its V in
@@ -1329,6 +1336,7 @@ MVQSR(q6_kr, T_Q6_KR, 4)
     }
 MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
+MVQSNP(q5_0r, T_Q5_0R, 4, q8_0r, T_Q8_0R, 2)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.

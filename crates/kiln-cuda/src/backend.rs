@@ -323,22 +323,33 @@ fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
 /// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
 /// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
 /// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 3] {
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 4] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         (r(GgmlType::Q4K), "q4_kr", 2),
         (r(GgmlType::Q5K), "q5_kr", 2),
         (r(GgmlType::Q6K), "q6_kr", 4),
+        (r(GgmlType::Q5_0), "q5_0r", 4),
     ]
+}
+
+/// The types with only the fused-norm kernel (`mvqsn{U}_*`): Q8_0, whose
+/// products in a Q8_0 model keep add_norm (no residual kernel, so such a
+/// model is not [`CudaBackend::norm_fusable`]; see [`mvqp_fused_types`]),
+/// while the Q8_0 V product of a k-quant mix on rows of 960 or 1,152
+/// columns (Q5_0 Q|K) stages the norm beside them.
+fn mvqp_norm_types() -> [(usize, &'static str, usize); 1] {
+    [(REPACKED + GgmlType::Q8_0.id() as usize, "q8_0r", 2)]
 }
 
 /// The two-matrix norm-staging kernels (`mvqsnp_*`): the kernel-table
 /// indices of the first and second matrix, and the kernel's name suffix.
-fn mvqsnp_types() -> [((usize, usize), &'static str); 2] {
+fn mvqsnp_types() -> [((usize, usize), &'static str); 3] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         ((r(GgmlType::Q4K), r(GgmlType::Q6K)), "q4_kr_q6_kr"),
         ((r(GgmlType::Q5K), r(GgmlType::Q6K)), "q5_kr_q6_kr"),
+        ((r(GgmlType::Q5_0), r(GgmlType::Q8_0)), "q5_0r_q8_0r"),
     ]
 }
 
@@ -1106,6 +1117,9 @@ impl Kernels {
             mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
             mvqpg[id][0] = Some(gpu.func(&format!("mvqsg{u}_{n}"))?);
             mvqa[id][0] = Some(gpu.func(&format!("mvqa_{n}"))?);
+        }
+        for (id, n, u) in mvqp_norm_types() {
+            mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
         }
         // A/B switch: a kernel for each matrix instead.
         let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
