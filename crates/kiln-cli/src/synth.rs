@@ -23,7 +23,7 @@ use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-360M, Gemma-3-1B.
+    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-135M, SmolLM2-360M, Gemma-3-1B.
     pub shape: String,
     /// Output folder: `hf/` and `model-<type>.gguf` are written inside.
     pub out_dir: PathBuf,
@@ -108,7 +108,12 @@ fn shape(name: &str) -> Option<Shape> {
             eps: 1e-6,
             ..s(Kind::Qwen3, 151936, 1024, 28, 16, 8, 128, 3072, true)
         },
-        // Rows of 960 values: not whole runs of 8 quantized blocks.
+        // Rows of 576 / 960 values: not whole runs of 8 quantized blocks.
+        "smollm2-135m" => Shape {
+            max_pos: 8192,
+            theta: 100000.0,
+            ..s(Kind::Llama, 49152, 576, 30, 9, 3, 64, 1536, true)
+        },
         "smollm2-360m" => Shape {
             max_pos: 8192,
             theta: 100000.0,
@@ -423,7 +428,7 @@ fn tokenizer_json() -> serde_json::Value {
 pub fn run(a: Args) -> CliResult {
     let s = shape(&a.shape).ok_or_else(|| {
         format!(
-            "unknown shape '{}' (known: tiny, tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-360M, Gemma-3-1B)",
+            "unknown shape '{}' (known: tiny, tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-135M, SmolLM2-360M, Gemma-3-1B)",
             a.shape
         )
     })?;
@@ -580,6 +585,7 @@ mod tests {
             "Llama-3.2-1B",
             "Llama-3.1-8B",
             "Qwen3-0.6B",
+            "SmolLM2-135M",
             "SmolLM2-360M",
             "Gemma-3-1B",
         ] {
@@ -592,6 +598,7 @@ mod tests {
                 "Llama-3.2-1B" => (1.2e9, 1.3e9),
                 "Llama-3.1-8B" => (7.9e9, 8.1e9),
                 "Qwen3-0.6B" => (0.58e9, 0.62e9),
+                "SmolLM2-135M" => (0.13e9, 0.14e9),
                 "SmolLM2-360M" => (0.35e9, 0.37e9),
                 _ => (0.98e9, 1.01e9),
             };

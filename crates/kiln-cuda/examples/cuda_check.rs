@@ -1298,6 +1298,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     for (ty, tol) in [
         (GgmlType::Q4_0, 0.0),
         (GgmlType::Q5_0, 0.0),
+        (GgmlType::Q4_1, 0.0),
         (GgmlType::F16, 1e-5),
         (GgmlType::Q4K, 0.0),
         (GgmlType::Q5K, 0.0),
@@ -1306,7 +1307,13 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         fused_check_within(&mut rows, "add_norm", ty, 64, tol, |o, on| o.fuse_norm = on);
     }
     // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
-    for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
         fused_check(&mut rows, "act_mul", ty, 64, |o, on| o.fuse_glu = on);
     }
     println!("| model | file | against | max abs | rel (to max |ref|) | greedy 16 | |");

@@ -323,6 +323,11 @@ __device__ __forceinline__ float qdot<T_Q4_0>(const u8* __restrict__ row, int u,
     return q4_0_sum(ld_h(b), s, dx, sx);
 }
 
+// A Q4_1 unit's sum, rounded as q4_0_sum: plain and repacked kernels give the same bits.
+__device__ __forceinline__ float q4_1_sum(float d, float m, int s, float dx, float sx) {
+    return __fadd_rn(__fmul_rn(__fmul_rn(d, dx), (float)s), __fmul_rn(m, sx));
+}
+
 // { f16 d; f16 m; u8 qs[16] }: w = d * q + m
 template <>
 __device__ __forceinline__ float qdot<T_Q4_1>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
@@ -334,7 +339,7 @@ __device__ __forceinline__ float qdot<T_Q4_1>(const u8* __restrict__ row, int u,
         s = __dp4a((int)(v & 0x0f0f0f0fu), xv[i], s);
         s = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), xv[4 + i], s);
     }
-    return ld_h(b) * dx * (float)s + ld_h(b + 2) * sx;
+    return q4_1_sum(ld_h(b), ld_h(b + 2), s, dx, sx);
 }
 
 // Bits 0..3 of h moved to bit 4 of bytes 0..3.
@@ -410,6 +415,12 @@ struct Rq<T_Q8_0R> {
 template <>
 struct Rq<T_Q4_0R> {
     static constexpr int QB = 16, QW = 1, UW = 8;
+};
+
+// Repacked Q4_1: word 0 the unit's quants, word 1's x its f16 minimum.
+template <>
+struct Rq<T_Q4_1R> {
+    static constexpr int QW = 2, UW = 8;
 };
 
 // Repacked Q5_0: word 0 the unit's low nibbles, word 1's x its fifth bits;
@@ -507,6 +518,13 @@ __device__ __forceinline__ void rload<T_Q5_0R>(const u8* __restrict__ row, int u
     *d = ld_u16(r8_dp<16, 4>(row, u));
 }
 
+template <>
+__device__ __forceinline__ void rload<T_Q4_1R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q[0] = ld_stream16(r8_q<16, 2>(row, u));
+    q[1] = make_uint4(ld_u16(r8_hp<16, 2>(row, u)), 0u, 0u, 0u);
+    *d = ld_u16(r8_dp<16, 2>(row, u));
+}
+
 template <int T>
 __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     rload<T>(row, u0 + 32 * k, cols, q, d);
@@ -519,6 +537,13 @@ __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int
     constexpr int KS = 4 * 8 * (16 + 2);
     q[0] = ld_stream16(r8_q<16>(row, u0) + KS * k);
     *d = ld_u16(r8_dp<16>(row, u0) + KS * k);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q4_1R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    constexpr int KS = 4 * 8 * (16 + 2 + 2);
+    q[0] = ld_stream16(r8_q<16, 2>(row, u0) + KS * k);
+    q[1] = make_uint4(ld_u16(r8_hp<16, 2>(row, u0) + KS * k), 0u, 0u, 0u);
+    *d = ld_u16(r8_dp<16, 2>(row, u0) + KS * k);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q5_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -582,6 +607,11 @@ __device__ __forceinline__ int nib_dot(const uint4& q, const int* xv) {
 template <>
 __device__ __forceinline__ float rdot<T_Q4_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     return q4_0_sum(h2f(d), nib_dot(q[0], xv), dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q4_1R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    return q4_1_sum(h2f(d), h2f((u16)q[1].x), nib_dot(q[0], xv), dx, sx);
 }
 
 template <>
@@ -681,6 +711,11 @@ __device__ __forceinline__ float rqdot(const u8* __restrict__ row, int u, int co
 template <>
 __device__ __forceinline__ float qdot<T_Q4_0R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     return rqdot<T_Q4_0R>(row, u, cols, xv, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q4_1R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q4_1R>(row, u, cols, xv, dx, sx);
 }
 
 template <>
@@ -899,6 +934,7 @@ MVQ(q5_1, T_Q5_1)
 MVQ(q8_0, T_Q8_0)
 MVQR(q8_0r, T_Q8_0R)
 MVQR(q5_0r, T_Q5_0R)
+MVQR(q4_1r, T_Q4_1R)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
@@ -1309,11 +1345,15 @@ MVQSR(q5_kr, T_Q5_KR, 2)
 MVQSR(q6_kr, T_Q6_KR, 4)
 // The k-quant mixes of models whose rows are not whole super-blocks (960,
 // 1,152 columns): Q5_0 products, and Q8_0 V products staging the norm
-// beside them (a Q8_0 model's own products keep add_norm: mvqp_fused_types).
+// beside them (a Q8_0 model's own products keep add_norm: mvqp_fused_types);
+// Q4_1 models.
 MVQSN(q5_0r, T_Q5_0R, 4)
 MVQSR(q5_0r, T_Q5_0R, 4)
 MVQA(q5_0r, T_Q5_0R)
 MVQSN(q8_0r, T_Q8_0R, 2)
+MVQSN(q4_1r, T_Q4_1R, 4)
+MVQSR(q4_1r, T_Q4_1R, 4)
+MVQA(q4_1r, T_Q4_1R)
 
 // The norm-staging GEMV over two matrices of different types that share
 // x and follow each other in y (a Q4_K_M layer's Q|K in Q4_K and its V in
@@ -1588,6 +1628,7 @@ MVQ_NT(q5_1, T_Q5_1)
 MVQ_NT(q8_0, T_Q8_0)
 MVQ_NT(q8_0r, T_Q8_0R)
 MVQ_NT(q5_0r, T_Q5_0R)
+MVQ_NT(q4_1r, T_Q4_1R)
 MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)

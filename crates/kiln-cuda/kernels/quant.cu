@@ -309,13 +309,14 @@ __device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, 
     }
 }
 
-// ---- Repacked Q4_0 / Q8_0 / Q5_0: each run of 8 blocks is stored as their
-// 8 quant arrays (QB = 16 or 32 bytes each), then (Q5_0) their 8 words of
-// fifth bits (HB = 4 bytes each), then their 8 f16 scales. A block's quants
+// ---- Repacked Q4_0 / Q8_0 / Q5_0 / Q4_1: each run of 8 blocks is stored as
+// their 8 quant arrays (QB = 16 or 32 bytes each), then their 8 second
+// fields (HB bytes each: Q5_0's words of fifth bits, Q4_1's f16 minimums),
+// then their 8 f16 scales. A block's quants
 // then start 16-byte aligned and are one or two loads instead of eight or
 // sixteen 2-byte ones. Rows of whole runs (cols % 256 == 0) of Q4_0 / Q8_0
 // are rearranged in place at load (`repack8`: same bytes per row); other
-// rows, and Q5_0, into a new buffer whose rows are whole runs (`repack8_to`:
+// rows, and Q5_0 / Q4_1, into a new buffer whose rows are whole runs (`repack8_to`:
 // the last run's missing blocks are zeros no kernel reads, since every
 // kernel stops at the row's cols / 32 units). Kernel type id: T_REPACKED +
 // the ggml id.
@@ -323,12 +324,13 @@ __device__ __forceinline__ void unit<T_Q6_K>(const u8* __restrict__ row, int u, 
 #define T_Q8_0R (T_REPACKED + T_Q8_0)
 #define T_Q4_0R (T_REPACKED + T_Q4_0)
 #define T_Q5_0R (T_REPACKED + T_Q5_0)
+#define T_Q4_1R (T_REPACKED + T_Q4_1)
 
 template <int QB, int HB = 0>
 __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
     return row + (u >> 3) * (8 * (QB + HB + 2)) + (u & 7) * QB;
 }
-// Where unit u's word of fifth bits sits (HB > 0).
+// Where unit u's second field sits (HB > 0).
 template <int QB, int HB>
 __device__ __forceinline__ const u8* r8_hp(const u8* row, int u) {
     return row + (u >> 3) * (8 * (QB + HB + 2)) + 8 * QB + (u & 7) * HB;
@@ -371,6 +373,20 @@ __device__ __forceinline__ void unit<T_Q5_0R>(const u8* __restrict__ row, int u,
         int hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
         w[i] = d * (float)(lo - 16);
         w[i + 16] = d * (float)(hi - 16);
+    }
+}
+
+// Repacked Q4_1: w = d * q + m.
+template <>
+__device__ __forceinline__ void unit<T_Q4_1R>(const u8* __restrict__ row, int u, int cols, float* w) {
+    uint4 v = *(const uint4*)r8_q<16, 2>(row, u);
+    float m = ld_h(r8_hp<16, 2>(row, u)), d = ld_h(r8_dp<16, 2>(row, u));
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        w[i] = d * (float)(q & 15) + m;
+        w[i + 16] = d * (float)(q >> 4) + m;
     }
 }
 
@@ -574,10 +590,10 @@ extern "C" __global__ void repack_q5k(u8* W, u64 nsb) { PDL_ENTRY();
 // first, as in the file): the run becomes the 8 quant arrays, then the 8
 // scales. grid-stride over `runs`; qb <= 32.
 // Out of place, one thread per run of 8 blocks of a row: `rows` rows of
-// `blocks` blocks of 2 + hb + qb bytes (f16 scale, hb bytes of fifth bits,
-// qb quant bytes, as in the file) from src into rows of `dst_row` bytes of
-// whole runs (quant arrays, fifth-bit words, scales), blocks past `blocks`
-// zeros. grid-stride.
+// `blocks` blocks of 2 + hb + qb bytes (f16 scale, hb bytes of a second
+// field, qb quant bytes, as in the file) from src into rows of `dst_row`
+// bytes of whole runs (quant arrays, second fields, scales), blocks past
+// `blocks` zeros. grid-stride.
 extern "C" __global__ void repack8_to(const u8* src, u8* dst, int rows, int blocks, int qb, int hb, u64 dst_row) {
     PDL_ENTRY();
     int runs = (blocks + 7) >> 3, bs = 2 + hb + qb;

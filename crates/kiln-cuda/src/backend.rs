@@ -85,10 +85,10 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 pub(crate) const REPACKED: usize = 48;
 
 /// Quantized types whose matrices are repacked at load, and their kernels'
-/// name suffix. Q4_0 / Q8_0 / Q5_0 (`repack8` / `repack8_to` in quant.cu):
-/// each run of 8 blocks as 8 quant arrays, then (Q5_0) 8 words of fifth
-/// bits, then 8 scales, so the GEMVs read a block's quants with one 16-byte
-/// load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
+/// name suffix. Q4_0 / Q8_0 / Q5_0 / Q4_1 (`repack8` / `repack8_to` in
+/// quant.cu): each run of 8 blocks as 8 quant arrays, then Q5_0's 8 words of
+/// fifth bits or Q4_1's 8 minimums, then 8 scales, so the GEMVs read a
+/// block's quants with one 16-byte load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
 /// super-block's nibbles as one 16-byte run per 32-value unit behind its
 /// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
 /// (`repack_q6k`): the super-blocks' f16 scales moved aside so that the rest
@@ -99,6 +99,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => Some("q4_0r"),
         GgmlType::Q8_0 => Some("q8_0r"),
         GgmlType::Q5_0 => Some("q5_0r"),
+        GgmlType::Q4_1 => Some("q4_1r"),
         GgmlType::Q6K => Some("q6_kr"),
         GgmlType::Q4K => Some("q4_kr"),
         GgmlType::Q5K => Some("q5_kr"),
@@ -112,8 +113,9 @@ pub(crate) enum Repack {
     /// `repack8`: whole runs of 8 blocks of this many quant bytes.
     Runs8(usize),
     /// `repack8_to`: into a new buffer of rows of whole runs of 8 blocks of
-    /// `qb` quant bytes and `hb` bytes of fifth bits (rows that are not
-    /// whole runs, and Q5_0, whose run is not its blocks' bytes).
+    /// `qb` quant bytes and an `hb`-byte second field (Q5_0's fifth bits,
+    /// Q4_1's minimum): rows that are not whole runs, and Q5_0 / Q4_1, whose
+    /// runs are not their blocks' bytes.
     Runs8To {
         qb: usize,
         hb: usize,
@@ -140,6 +142,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q4_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 0 }),
         GgmlType::Q8_0 if blocks => Some(Repack::Runs8To { qb: 32, hb: 0 }),
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
+        GgmlType::Q4_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 2 }),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
@@ -323,13 +326,14 @@ fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
 /// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
 /// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
 /// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 4] {
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 5] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         (r(GgmlType::Q4K), "q4_kr", 2),
         (r(GgmlType::Q5K), "q5_kr", 2),
         (r(GgmlType::Q6K), "q6_kr", 4),
         (r(GgmlType::Q5_0), "q5_0r", 4),
+        (r(GgmlType::Q4_1), "q4_1r", 4),
     ]
 }
 
@@ -4399,6 +4403,10 @@ mod tests {
         let q5 = Some(Repack::Runs8To { qb: 16, hb: 4 });
         assert_eq!(repack_layout(Q5_0, 4096), q5);
         assert_eq!(repack_layout(Q5_0, 576), q5);
+        assert_eq!(
+            repack_layout(Q4_1, 576),
+            Some(Repack::Runs8To { qb: 16, hb: 2 })
+        );
         assert_eq!(repack_layout(Q4_0, 48), None);
         assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
