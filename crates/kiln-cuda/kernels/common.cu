@@ -323,6 +323,12 @@ __device__ __forceinline__ double block_inv_rms(double v, int n, float eps) {
     return parts_inv_rms(part, blockDim.x >> 5, n, eps);
 }
 
+// x + the RMS post-norm of y (1 / rms finv, weight w), each step rounded:
+// add_norm and the post-norm staging (stage_post_norm_xq) give the same bits.
+__device__ __forceinline__ float post_add(float x, float y, float finv, float w) {
+    return __fadd_rn(x, __fmul_rn(__fmul_rn(y, finv), w));
+}
+
 __device__ __forceinline__ float activate(int kind, float x) {
     if (kind == ACT_SILU) return x / (1.0f + expf(-x));
     double x64 = (double)x;

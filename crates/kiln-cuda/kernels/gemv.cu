@@ -996,16 +996,9 @@ __device__ __forceinline__ void stage_xq(int4* sq, float* sd, float* ss, const i
 // round trip for x; gw, the norm's weights, loaded by the caller before its
 // PDL wait. (Each warp quantizing its own whole blocks from registers,
 // quant_q8_warp with REDUX max / sum, lost 2.7%: NOTES.md item 66.)
-__device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
-                                              const float* gw, float eps, int cols) {
-    __shared__ double part[AN_THREADS / 32];
-    float xv[AN_V];
+__device__ __forceinline__ void stage_norm_regs(int4* sq, float* sd, float* ss, float* sx, float* xv, const float* gw,
+                                                float eps, int cols, double* part) {
     double s = 0.0;
-#pragma unroll
-    for (int k = 0; k < AN_V; k++) {
-        int i = threadIdx.x + k * AN_THREADS;
-        xv[k] = i < cols ? x[i] : 0.0f;
-    }
 #pragma unroll
     for (int k = 0; k < AN_V; k++) s += (double)xv[k] * (double)xv[k];
     tl_mark_after(3, s);
@@ -1023,6 +1016,54 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, fl
     tl_mark(5);
     quant_q8_shared(sx, cols, 0, (i8*)sq, sd, ss);
     __syncthreads();
+}
+__device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
+                                              const float* gw, float eps, int cols) {
+    __shared__ double part[AN_THREADS / 32];
+    float xv[AN_V];
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * AN_THREADS;
+        xv[k] = i < cols ? x[i] : 0.0f;
+    }
+    stage_norm_regs(sq, sd, ss, sx, xv, gw, eps, cols, part);
+}
+
+// stage_norm_xq behind a post-norm (Gemma 3's layers), doing the add_norm
+// that would come before it: x + post_norm(y; pw) (y's f64 sum of squares
+// in add_norm's order, post_add's rounding), written to xo by the blocks
+// with `write` (xo is not x: other blocks may still be reading x), then
+// normalized and quantized. x, y and pw in one round trip after the wait.
+__device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
+                                                   const float* __restrict__ yp, const float* __restrict__ pw,
+                                                   float* __restrict__ xo, bool write, const float* gw, float eps,
+                                                   int cols) {
+    __shared__ double part[AN_THREADS / 32];
+    float xv[AN_V], yv[AN_V], wv[AN_V];
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * AN_THREADS;
+        bool in = i < cols;
+        xv[k] = in ? x[i] : 0.0f;
+        yv[k] = in ? yp[i] : 0.0f;
+        wv[k] = in ? pw[i] : 0.0f;
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) s += (double)yv[k] * (double)yv[k];
+    s = warp_sum_d(s);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float pinv = (float)parts_inv_rms(part, AN_THREADS / 32, cols, eps);
+#pragma unroll
+    for (int k = 0; k < AN_V; k++) {
+        int i = threadIdx.x + k * AN_THREADS;
+        if (i < cols) {
+            xv[k] = post_add(xv[k], yv[k], pinv, wv[k]);
+            if (write) xo[i] = xv[k];
+        }
+    }
+    stage_norm_regs(sq, sd, ss, sx, xv, gw, eps, cols, part);
 }
 
 // acc plus unit u against the staged x.
@@ -1084,10 +1125,12 @@ __device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, in
 // ranges of 32 gate and 32 up rows; the warp finishing a range's 64th row
 // applies the activation and product to its 32 pairs exactly as act_mul
 // does and quantizes them into oq / od / os, the down product's 8-bit x (y
-// is not written). The rows' sums are the plain kernel's. bx / gx: the
+// is not written). POST (with NORM): the add_norm of a post-norm layer
+// first (stage_post_norm_xq: xf + post_norm(yp; pw), written to xo by
+// block 0 of this matrix). The rows' sums are the plain kernel's. bx / gx: the
 // block's index and the grid's size as far as this matrix goes (a second
 // matrix in the same launch: mvqsnp).
-template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false>
+template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, bool POST = false>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -1095,7 +1138,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                                           const float* __restrict__ normw = nullptr, float eps = 0.0f,
                                           int inter = 0, int act = 0, i8* __restrict__ oq = nullptr,
                                           float* __restrict__ od = nullptr, float* __restrict__ os = nullptr,
-                                          int bx = -1, int gx = 0) {
+                                          int bx = -1, int gx = 0, const float* __restrict__ yp = nullptr,
+                                          const float* __restrict__ pw = nullptr, float* __restrict__ xo = nullptr) {
     if (bx < 0) {
         bx = blockIdx.x;
         gx = gridDim.x;
@@ -1150,7 +1194,9 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
     };
     auto stage = [&]() {
-        if (NORM)
+        if (NORM && POST)
+            stage_post_norm_xq(sq, sd, ss, (float*)sx, xf, yp, pw, xo, bx == 0, gw, eps, cols);
+        else if (NORM)
             stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
         else
             stage_xq(sq, sd, ss, xq, xd, xs, cols);
@@ -1220,6 +1266,23 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                            float* od, float* os) {                                                    \
         mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
                                            x, nw, eps, inter, act, oq, od, os);                        \
+    } \
+    /* The same behind a post-norm (POST: Gemma 3's layers; yp, pw, xo as mvqs_impl's). */            \
+    extern "C" __global__ void mvqsnq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,     \
+                                                   const float* x, float* y, const float* bias,        \
+                                                   const float* nw, float eps, const float* yp,        \
+                                                   const float* pw, float* xo) {                       \
+        mvqs_impl<T, U, true, false, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+                                                  bias, x, nw, eps, 0, 0, nullptr, nullptr, nullptr, -1, \
+                                                  0, yp, pw, xo);                                      \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
+        mvqsgq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
+                            const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
+                            float* od, float* os, const float* yp, const float* pw, float* xo) {      \
+        mvqs_impl<T, U, true, false, true, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+                                                 bias, x, nw, eps, inter, act, oq, od, os, -1, 0, yp, pw, \
+                                                 xo);                                                  \
     }
 
 #define MVQS(TNAME, T, U)                                                                             \

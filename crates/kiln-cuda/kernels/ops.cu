@@ -185,7 +185,9 @@ __device__ __forceinline__ void add_norm_regs(float* x, const float* y, const fl
 #pragma unroll
             for (int k = 0; k < AN_V; k++) {
                 int i = threadIdx.x + k * blockDim.x;
-                if (i < len) xv[k] += norm_one(yv[k], base + i, kind, mean, inv, finv, pw, pb);
+                if (i < len)
+                    xv[k] = kind == NORM_RMS && !pb ? post_add(xv[k], yv[k], finv, pw[base + i])
+                                                    : xv[k] + norm_one(yv[k], base + i, kind, mean, inv, finv, pw, pb);
             }
         } else {
 #pragma unroll

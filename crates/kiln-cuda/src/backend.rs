@@ -825,6 +825,7 @@ enum Fuse {
     Norm {
         w: u64,
         eps: f32,
+        post: Post,
     },
     /// y is the residual stream: add the product to it.
     Residual,
@@ -835,7 +836,27 @@ enum Fuse {
         w: u64,
         eps: f32,
         act: i32,
+        post: Post,
     },
+}
+
+/// A post-norm layer's add_norm inside the next norm-staging product
+/// ([`Fuse::Norm`], [`Fuse::NormGlu`]): the residual stream x becomes
+/// x + RMSNorm(y; w) first, written to `xo` (not x: the product's other
+/// blocks still read it). `y == 0`: none.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Post {
+    y: u64,
+    w: u64,
+    xo: u64,
+}
+
+impl Post {
+    const NONE: Post = Post { y: 0, w: 0, xo: 0 };
+
+    fn is_some(self) -> bool {
+        self.y != 0
+    }
 }
 
 /// Ranges of 32 gate|up outputs one block of a `mvqsg*` takes at most
@@ -968,6 +989,12 @@ struct Kernels {
     /// and `mvqpn`'s the same way.
     mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqpg: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
+    /// `mvqsn`, `mvqpn`, `mvqsg` and `mvqpg` behind a post-norm
+    /// ([`Post`]: `mvqsnq*`, `mvqsgq*`).
+    mvqsnq: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    mvqpnq: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
+    mvqsgq: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
+    mvqpgq: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
@@ -1056,6 +1083,10 @@ impl Kernels {
         let mut mvqpr = vec![None; 64];
         let mut mvqsg = vec![None; 64];
         let mut mvqpg = vec![[None; 2]; 64];
+        let mut mvqsnq = vec![None; 64];
+        let mut mvqpnq = vec![[None; 2]; 64];
+        let mut mvqsgq = vec![None; 64];
+        let mut mvqpgq = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
@@ -1099,6 +1130,8 @@ impl Kernels {
                 (&mut mvqsn, "n"),
                 (&mut mvqsr, "r"),
                 (&mut mvqsg, "g"),
+                (&mut mvqsnq, "nq"),
+                (&mut mvqsgq, "gq"),
             ] {
                 table[id] = Some([
                     gpu.func(&format!("mvqs{v}4_{n}"))?,
@@ -1110,6 +1143,8 @@ impl Kernels {
             mvq2[id] = Some(gpu.func(&format!("mvq2_{n}"))?);
             mvqpn[id][1] = Some(gpu.func(&format!("mvqsn2_{n}"))?);
             mvqpg[id][1] = Some(gpu.func(&format!("mvqsg2_{n}"))?);
+            mvqpnq[id][1] = Some(gpu.func(&format!("mvqsnq2_{n}"))?);
+            mvqpgq[id][1] = Some(gpu.func(&format!("mvqsgq2_{n}"))?);
             mvqa[id][1] = Some(gpu.func(&format!("mvqa2_{n}"))?);
         }
         // A/B switch: `mvqa_*` for their residual adds instead.
@@ -1124,6 +1159,12 @@ impl Kernels {
         }
         for (id, n, u) in mvqp_norm_types() {
             mvqpn[id][0] = Some(gpu.func(&format!("mvqsn{u}_{n}"))?);
+        }
+        // Behind a post-norm every staged type, Q8_0 too: a Q8_0 model's
+        // add_norm there is the post-norm's as well.
+        for (id, n, u) in mvqp_fused_types().into_iter().chain(mvqp_norm_types()) {
+            mvqpnq[id][0] = Some(gpu.func(&format!("mvqsnq{u}_{n}"))?);
+            mvqpgq[id][0] = Some(gpu.func(&format!("mvqsgq{u}_{n}"))?);
         }
         // A/B switch: a kernel for each matrix instead.
         let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
@@ -1164,6 +1205,10 @@ impl Kernels {
             mvqsnp,
             mvqsg,
             mvqpg,
+            mvqsnq,
+            mvqpnq,
+            mvqsgq,
+            mvqpgq,
             mvfn,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
@@ -1280,6 +1325,9 @@ impl MetaLayout {
 
 struct Scratch {
     x: DevBuf,
+    /// One token's residual stream where a post-norm staging writes it
+    /// ([`Post`]: its x and xo alternate between `x` and this).
+    x2: DevBuf,
     xn: DevBuf,
     qkv: DevBuf,
     att: DevBuf,
@@ -1422,6 +1470,9 @@ pub struct CudaBackend {
     /// See [`CudaOptions::fuse_norm`]; false where the model does not
     /// allow it ([`CudaBackend::norm_fusable`]).
     fuse_norm: bool,
+    /// [`CudaOptions::fuse_norm`] for post-norm models: their add_norms
+    /// inside the next norm-staging product ([`CudaBackend::post_fusable`]).
+    fuse_post: bool,
     /// See [`CudaOptions::fuse_glu`] (taken per layer where it applies).
     fuse_glu: bool,
     /// See [`CudaOptions::kv`].
@@ -2220,6 +2271,7 @@ impl CudaBackend {
         let f = |n: usize| DevBuf::zeroed(n * 4);
         let s = Scratch {
             x: f(b * hid)?,
+            x2: f(hid)?,
             xn: f(b * hid)?,
             qkv: f(b * qkv_dim)?,
             att: f(b * qd)?,
@@ -2379,6 +2431,7 @@ impl CudaBackend {
             flash: flash_f,
             fuse_qkv: opts.fuse_qkv,
             fuse_norm: false,
+            fuse_post: false,
             fuse_glu: opts.fuse_glu,
             kv: opts.kv,
             norm_blocks: env_parse("KILN_CUDA_NORM_BLOCKS"),
@@ -2411,6 +2464,7 @@ impl CudaBackend {
             gpu,
         };
         be.fuse_norm = opts.fuse_norm && be.norm_fusable();
+        be.fuse_post = opts.fuse_norm && be.post_fusable();
         be.ahead_plan = AheadPlan::new(&be.reading_order());
         be.float_windows = be
             .layers
@@ -2614,6 +2668,17 @@ impl CudaBackend {
     ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
         let (streaming, preload, float) = match fuse {
             Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf)),
+            // No float version of the post-norm staging: add_norm stays.
+            Fuse::Norm { post, .. } if post.is_some() => (
+                &self.k.mvqsnq,
+                Some((&self.k.mvqpnq, FusedLaunch::Staged)),
+                None,
+            ),
+            Fuse::NormGlu { post, .. } if post.is_some() => (
+                &self.k.mvqsgq,
+                Some((&self.k.mvqpgq, FusedLaunch::Staged)),
+                None,
+            ),
             Fuse::Norm { .. } => (
                 &self.k.mvqsn,
                 Some((&self.k.mvqpn, FusedLaunch::Staged)),
@@ -2665,7 +2730,11 @@ impl CudaBackend {
                 .iter()
                 .all(|(m, _)| self.fused_kernel(m, f).is_some())
         };
-        let norm = Fuse::Norm { w: 0, eps: 0.0 };
+        let norm = Fuse::Norm {
+            w: 0,
+            eps: 0.0,
+            post: Post::NONE,
+        };
         d.norm == NormKind::Rms
             && d.hidden <= 4096
             && self.layers.iter().all(|l| {
@@ -2682,11 +2751,48 @@ impl CudaBackend {
             })
     }
 
+    /// Whether every decode layer of a post-norm model (Gemma 3) can run
+    /// its add_norms inside the next norm-staging product ([`Post`]):
+    /// RMSNorms without bias of rows that `add_norm` holds in one block,
+    /// both post-norms in every layer, and staging kernels behind a
+    /// post-norm for every QKV and gate|up matrix (the first layer's QKV:
+    /// without one). The O and down products stay plain.
+    fn post_fusable(&self) -> bool {
+        let d = &self.desc;
+        let any = Post { y: 1, w: 1, xo: 1 };
+        let staged = |p: &Proj, post: Post| {
+            let f = Fuse::Norm {
+                w: 0,
+                eps: 0.0,
+                post,
+            };
+            p.parts
+                .iter()
+                .all(|(m, _)| self.fused_kernel(m, f).is_some())
+        };
+        let plain = |n: &Option<DNorm>| n.as_ref().is_some_and(|n| n.b.is_none());
+        d.norm == NormKind::Rms
+            && d.hidden <= 4096
+            && self
+                .layers
+                .first()
+                .is_some_and(|l| staged(&l.qkv, Post::NONE))
+            && self.layers.iter().all(|l| {
+                l.attn_norm.b.is_none()
+                    && l.ffn_norm.b.is_none()
+                    && plain(&l.post_attn_norm)
+                    && plain(&l.post_ffn_norm)
+                    && staged(&l.qkv, any)
+                    && staged(&l.gate_up, any)
+            })
+    }
+
     /// [`Fuse::NormGlu`] for layer `l`'s gate|up product in a step whose
     /// norms are fused (`fused`), where it applies: a gated FFN of whole
     /// 32-value blocks, one gate|up matrix with the streaming GLU kernel,
     /// and a down product reading 8-bit x.
-    fn glu_fuse(&self, l: &DLayer, fused: bool) -> Option<Fuse> {
+    /// `post`: the post-norm add before it ([`Post`]).
+    fn glu_fuse(&self, l: &DLayer, fused: bool, post: Post) -> Option<Fuse> {
         let d = &self.desc;
         let [(m, _)] = l.gate_up.parts.as_slice() else {
             return None;
@@ -2697,6 +2803,7 @@ impl CudaBackend {
             w: l.ffn_norm.w.ptr,
             eps: d.norm_eps,
             act: act_kind(d.activation),
+            post,
         };
         (fused && self.fuse_glu && shape && self.proj_q8(&l.down, 1))
             .then_some(glu)
@@ -2707,7 +2814,12 @@ impl CudaBackend {
     /// one launch (`mvqsnp_*`), where a kernel takes the pair of types;
     /// false: the caller launches a kernel per matrix.
     fn mm_norm_pair(&self, p: &Proj, x: u64, y: u64, fuse: Fuse) -> CuResult<bool> {
-        let Fuse::Norm { w: nw, eps } = fuse else {
+        let Fuse::Norm {
+            w: nw,
+            eps,
+            post: Post::NONE,
+        } = fuse
+        else {
             return Ok(false);
         };
         let [(a, _), (b, _)] = p.parts.as_slice() else {
@@ -2780,19 +2892,37 @@ impl CudaBackend {
             Arg::I(mat.cols as i32),
         ];
         let out = [Arg::P(o.y), Arg::P(o.bias)];
+        // The post-norm kernels' last arguments.
+        let post_args = |p: Post| [Arg::P(p.y), Arg::P(p.w), Arg::P(p.xo)];
         let args = match o.fuse {
             // x: the residual stream in f32.
-            Fuse::Norm { w: nw, eps } => {
-                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)]])
+            Fuse::Norm { w: nw, eps, post } => {
+                let norm = [Arg::P(nw), Arg::F(eps)];
+                let tail: &[Arg] = if post.is_some() {
+                    &post_args(post)
+                } else {
+                    &[]
+                };
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &norm, tail])
             }
-            Fuse::NormGlu { w: nw, eps, act } => {
+            Fuse::NormGlu {
+                w: nw,
+                eps,
+                act,
+                post,
+            } => {
                 let glu = [
                     Arg::P(nw),
                     Arg::F(eps),
                     Arg::I((mat.rows / 2) as i32),
                     Arg::I(act),
                 ];
-                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true)])
+                let tail: &[Arg] = if post.is_some() {
+                    &post_args(post)
+                } else {
+                    &[]
+                };
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true), tail])
             }
             _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
             _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
@@ -3445,6 +3575,21 @@ impl CudaBackend {
         out: u64,
         next: Option<&Proj>,
     ) -> CuResult<()> {
+        self.add_norm_at(self.s.x.ptr, n, y, post, norm, out, next)
+    }
+
+    /// [`Self::add_norm`] on the residual stream at `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_at(
+        &self,
+        x: u64,
+        n: usize,
+        y: Rows,
+        post: Option<&DNorm>,
+        norm: Option<&DNorm>,
+        out: u64,
+        next: Option<&Proj>,
+    ) -> CuResult<()> {
         let d = &self.desc;
         let (q, h) = match next {
             Some(p) if norm.is_some() => (self.q8_args(p, n), self.half_args(p, n)),
@@ -3485,7 +3630,7 @@ impl CudaBackend {
             block,
             cl,
             &[
-                Arg::P(self.s.x.ptr),
+                Arg::P(x),
                 Arg::P(y.ptr),
                 Arg::P(post.map_or(0, |p| p.w.ptr)),
                 Arg::P(post.map_or(0, |p| opt_ptr(&p.b))),
@@ -3584,28 +3729,50 @@ impl CudaBackend {
         // The layers' norms and residual adds inside their GEMVs (one token):
         // x stays the residual stream, written by the O and down GEMVs.
         let fuse = n == 1 && self.fuse_norm && self.mv_path(1);
-        let norm_of = |nm: &DNorm| {
-            if fuse {
+        // Post-norm layers (one token): each add_norm inside the next
+        // norm-staging product, which writes the residual stream to the
+        // other of s.x / s.x2 (`cur` is where it is); O and down plain.
+        let pfuse = n == 1 && self.fuse_post && self.mv_path(1);
+        let mut cur = s.x.ptr;
+        let other = |p: u64| if p == s.x.ptr { s.x2.ptr } else { s.x.ptr };
+        let norm_of = |nm: &DNorm, post: Post| {
+            if fuse || pfuse {
                 Fuse::Norm {
                     w: nm.w.ptr,
                     eps: d.norm_eps,
+                    post,
                 }
             } else {
                 Fuse::None
             }
+        };
+        // The add_norm before a staging product, behind post-norm `pn` of
+        // the product that wrote s.tmp: where it applies (not before the
+        // first layer), its Post, and the stream moves.
+        let mut post_of = |pn: Option<&DNorm>| match pn {
+            Some(pn) if pfuse => {
+                let p = Post {
+                    y: s.tmp.ptr,
+                    w: pn.w.ptr,
+                    xo: other(cur),
+                };
+                (p, std::mem::replace(&mut cur, p.xo))
+            }
+            _ => (Post::NONE, cur),
         };
         let (res, res_y, norm_x) = if fuse {
             (Fuse::Residual, s.x.ptr, s.x.ptr)
         } else {
             (Fuse::None, s.tmp.ptr, s.xn.ptr)
         };
+        let staged_x = |x_in: u64| if pfuse { x_in } else { norm_x };
         // L2 windows of one-token GEMV steps: GEMV slot 4 li + {0: QKV, 1:
         // O, 2: gate|up, 3: down}, taken only before a float GEMV.
         let cap = if self.mv_path(n) { self.l2_ahead } else { 0 };
         let mut plan = self.ahead_plan.windows(cap as u64);
         for (li, l) in self.layers.iter().enumerate() {
             let ld = d.layers[li];
-            if li == 0 && !fuse {
+            if li == 0 && !fuse && !pfuse {
                 self.add_norm(
                     n,
                     Rows::at(0),
@@ -3615,8 +3782,21 @@ impl CudaBackend {
                     Some(&l.qkv),
                 )?;
             }
-            let qkv_norm = norm_of(&l.attn_norm);
-            self.proj(&l.qkv, norm_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm, false)?;
+            let prev_post = li
+                .checked_sub(1)
+                .and_then(|p| self.layers[p].post_ffn_norm.as_ref());
+            let (qkv_post, qkv_x) = post_of(prev_post);
+            let qkv_norm = norm_of(&l.attn_norm, qkv_post);
+            self.proj(
+                &l.qkv,
+                staged_x(qkv_x),
+                n,
+                s.qkv.ptr,
+                qkv_dim,
+                true,
+                qkv_norm,
+                false,
+            )?;
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
@@ -3859,7 +4039,7 @@ impl CudaBackend {
                 }
             }
             let o_rows = self.proj(&l.o, s.att.ptr, n, res_y, hid, o_staged, res, !fuse)?;
-            if !fuse {
+            if !fuse && !pfuse {
                 self.add_norm(
                     n,
                     o_rows,
@@ -3870,15 +4050,17 @@ impl CudaBackend {
                 )?;
             }
             let gu_stride = l.gate_up.rows;
-            if let Some(glu) = self.glu_fuse(l, fuse) {
+            let (gu_post, gu_x) = post_of(l.post_attn_norm.as_ref());
+            let gu_x = staged_x(gu_x);
+            if let Some(glu) = self.glu_fuse(l, fuse || pfuse, gu_post) {
                 // act_mul's work inside the gate|up GEMV (s.xq for down).
-                self.proj(&l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, glu, false)?;
+                self.proj(&l.gate_up, gu_x, n, s.gu.ptr, gu_stride, true, glu, false)?;
                 self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res, false)?;
                 continue;
             }
-            let gu_norm = norm_of(&l.ffn_norm);
+            let gu_norm = norm_of(&l.ffn_norm, gu_post);
             self.proj(
-                &l.gate_up, norm_x, n, s.gu.ptr, gu_stride, true, gu_norm, false,
+                &l.gate_up, gu_x, n, s.gu.ptr, gu_stride, true, gu_norm, false,
             )?;
             #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
             let q = if inter % 32 == 0 {
@@ -3925,7 +4107,7 @@ impl CudaBackend {
             )?;
             let down_rows =
                 self.proj(&l.down, s.act.ptr, n, res_y, hid, down_staged, res, !fuse)?;
-            if fuse {
+            if fuse || pfuse {
                 continue;
             }
             let next = self.layers.get(li + 1);
@@ -3938,6 +4120,11 @@ impl CudaBackend {
                 next.map(|nl| &nl.qkv),
             )?;
         }
+        if pfuse {
+            // The last layer's post-norm add, on the stream where it is.
+            let last = self.layers.last().and_then(|l| l.post_ffn_norm.as_ref());
+            self.add_norm_at(cur, n, Rows::at(s.tmp.ptr), last, None, 0, None)?;
+        }
         if k == 0 {
             return Ok(());
         }
@@ -3949,7 +4136,7 @@ impl CudaBackend {
             (k as u32, 1, 1),
             256,
             &[
-                Arg::P(s.x.ptr),
+                Arg::P(cur),
                 Arg::P(self.meta_ptr(ml.sel)),
                 Arg::P(self.out_norm.w.ptr),
                 Arg::P(opt_ptr(&self.out_norm.b)),
