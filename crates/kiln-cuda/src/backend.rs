@@ -3563,24 +3563,11 @@ impl CudaBackend {
         Ok(rows)
     }
 
-    /// `next`: the projection that reads `out` (its 8-bit activations are
-    /// filled here when it takes them).
+    /// `x`: the residual stream (`s.x`, or where a post-norm staging left
+    /// it). `next`: the projection that reads `out` (its 8-bit activations
+    /// are filled here when it takes them).
     #[allow(clippy::too_many_arguments)]
     fn add_norm(
-        &self,
-        n: usize,
-        y: Rows,
-        post: Option<&DNorm>,
-        norm: Option<&DNorm>,
-        out: u64,
-        next: Option<&Proj>,
-    ) -> CuResult<()> {
-        self.add_norm_at(self.s.x.ptr, n, y, post, norm, out, next)
-    }
-
-    /// [`Self::add_norm`] on the residual stream at `x`.
-    #[allow(clippy::too_many_arguments)]
-    fn add_norm_at(
         &self,
         x: u64,
         n: usize,
@@ -3774,6 +3761,7 @@ impl CudaBackend {
             let ld = d.layers[li];
             if li == 0 && !fuse && !pfuse {
                 self.add_norm(
+                    s.x.ptr,
                     n,
                     Rows::at(0),
                     None,
@@ -4041,6 +4029,7 @@ impl CudaBackend {
             let o_rows = self.proj(&l.o, s.att.ptr, n, res_y, hid, o_staged, res, !fuse)?;
             if !fuse && !pfuse {
                 self.add_norm(
+                    s.x.ptr,
                     n,
                     o_rows,
                     l.post_attn_norm.as_ref(),
@@ -4112,6 +4101,7 @@ impl CudaBackend {
             }
             let next = self.layers.get(li + 1);
             self.add_norm(
+                s.x.ptr,
                 n,
                 down_rows,
                 l.post_ffn_norm.as_ref(),
@@ -4123,7 +4113,7 @@ impl CudaBackend {
         if pfuse {
             // The last layer's post-norm add, on the stream where it is.
             let last = self.layers.last().and_then(|l| l.post_ffn_norm.as_ref());
-            self.add_norm_at(cur, n, Rows::at(s.tmp.ptr), last, None, 0, None)?;
+            self.add_norm(cur, n, Rows::at(s.tmp.ptr), last, None, 0, None)?;
         }
         if k == 0 {
             return Ok(());
