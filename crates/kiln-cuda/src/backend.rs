@@ -4547,6 +4547,66 @@ mod tests {
         assert!(2 * mvqst_smem(MVQST_MAX, MVQS_COLS) <= 227 * 1024);
     }
 
+    /// Every kernel the host loads for a repacked type, a fused family or a
+    /// pair is instantiated in the sources (a missing one fails only at
+    /// load, on a GPU).
+    #[test]
+    fn repacked_kernels_are_instantiated() {
+        let gemv = include_str!("../kernels/gemv.cu");
+        let matmul = include_str!("../kernels/matmul.cu");
+        // A line `MACRO(name, T_..., u)` (u: None for two-argument macros).
+        let has = |src: &str, mac: &str, n: &str, u: Option<usize>| {
+            src.lines().any(|l| {
+                l.starts_with(&format!("{mac}({n}, "))
+                    && u.is_none_or(|u| l.ends_with(&format!(", {u})")))
+            })
+        };
+        for ty in GgmlType::ALL {
+            let Some(n) = repacked_name(ty) else {
+                continue;
+            };
+            assert!(has(gemv, "MVQR", n, None), "MVQR({n})");
+            assert!(has(gemv, "MVQ_NT", n, None), "MVQ_NT({n})");
+            for mac in ["MM_ALL", "MV", "EMBED", "DEQ"] {
+                assert!(has(matmul, mac, n, None), "{mac}({n})");
+            }
+        }
+        for (_, n, u) in mvqp_fused_types() {
+            for mac in ["MVQSN", "MVQSR"] {
+                assert!(has(gemv, mac, n, Some(u)), "{mac}({n}, {u})");
+            }
+            assert!(has(gemv, "MVQA", n, None), "MVQA({n})");
+        }
+        for (_, n, u) in mvqp_norm_types() {
+            assert!(has(gemv, "MVQSN", n, Some(u)), "MVQSN({n}, {u})");
+        }
+        for (_, n) in mvqs_types() {
+            for u in [4, 8] {
+                assert!(has(gemv, "MVQS", n, Some(u)), "MVQS({n}, {u})");
+            }
+        }
+        for (_, n) in mvq2_types() {
+            assert!(has(gemv, "MVQSN", n, Some(2)), "MVQSN({n}, 2)");
+        }
+        for ((a, b), n) in mvqsnp_types() {
+            let name = |id: usize| {
+                GgmlType::ALL
+                    .into_iter()
+                    .find(|t| REPACKED + t.id() as usize == id)
+                    .and_then(repacked_name)
+                    .expect("a repacked type")
+            };
+            let (na, nb) = (name(a), name(b));
+            assert_eq!(n, format!("{na}_{nb}"));
+            assert!(
+                gemv.lines()
+                    .any(|l| l.starts_with(&format!("MVQSNP({na}, "))
+                        && l.contains(&format!(", {nb}, "))),
+                "MVQSNP({n})"
+            );
+        }
+    }
+
     /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
     /// shared-memory row buffer does, and starts at the 7 scales that may
     /// move to a row's front.
