@@ -150,6 +150,15 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     }
 }
 
+/// Bytes a row of `cols` values of `ty` takes where its repacked layout
+/// pads rows to whole runs ([`Repack::Runs8To`]).
+pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+    match repack_layout(ty, cols)? {
+        Repack::Runs8To { qb, hb } => Some((cols / 32).div_ceil(8) * 8 * (qb + hb + 2)),
+        _ => None,
+    }
+}
+
 /// The load-time repacking kernels.
 #[derive(Clone, Copy)]
 pub(crate) struct Repackers {
@@ -217,6 +226,7 @@ pub(crate) fn repack(
             let blocks = cols / 32;
             let runs = blocks.div_ceil(8);
             let row_bytes = runs * 8 * (qb + hb + 2);
+            debug_assert_eq!(padded_row_bytes(ty, cols), Some(row_bytes));
             let dst = DevBuf::alloc(rows * row_bytes)?;
             gpu.launch(
                 f.runs8_to,
@@ -1883,7 +1893,15 @@ fn weight_bytes(m: &Model) -> usize {
         .iter()
         .map(|t| match t.ty {
             TensorType::Ggml(ty) if kernel_type_name(ty).is_some() && !t.transposed => {
-                t.n_bytes as usize
+                // Rows that the repack pads to whole runs take more.
+                match t.shape.split_last() {
+                    Some((&cols, rest)) if !rest.is_empty() => {
+                        let rows = rest.iter().product::<u64>() as usize;
+                        padded_row_bytes(ty, cols as usize)
+                            .map_or(t.n_bytes as usize, |rb| rows * rb)
+                    }
+                    _ => t.n_bytes as usize,
+                }
             }
             _ => t.n_elements() as usize * 4,
         })
@@ -2211,21 +2229,20 @@ impl CudaBackend {
                     .into_iter()
                     .flat_map(|p| p.parts.iter_mut().map(|(mat, _)| mat))
             });
-            // The buffers that out-of-place repacks leave, freed after the
-            // repacking kernels have read them.
-            let mut left = Vec::new();
             for mat in layer_mats.chain([&mut embd]).chain(output.as_mut()) {
                 if let Some(r) = repack(&gpu, &k.repack, mat.ty, mat.ptr(), mat.rows, mat.cols)? {
                     mat.kernel = r.kernel;
                     if let Some((buf, row_bytes)) = r.moved {
-                        left.push(std::mem::replace(&mut mat.buf, Arc::new(buf)));
+                        let old = std::mem::replace(&mut mat.buf, Arc::new(buf));
                         mat.off = 0;
                         mat.row_bytes = row_bytes;
+                        // Freed once the repack has read it: at most one
+                        // matrix is held twice.
+                        gpu.sync()?;
+                        drop(old);
                     }
                 }
             }
-            gpu.sync()?;
-            drop(left);
         }
         let out_norm = load_norm(m, d, "output_norm")?;
 
@@ -4645,6 +4662,12 @@ mod tests {
             Some(Repack::Runs8To { qb: 16, hb: 2 })
         );
         assert_eq!(repack_layout(Q4_0, 48), None);
+        // Padded rows: whole runs of 8 blocks of quants, second fields, scales.
+        assert_eq!(padded_row_bytes(Q4_1, 576), Some(3 * 8 * 20));
+        assert_eq!(padded_row_bytes(Q5_0, 1152), Some(5 * 8 * 22));
+        assert_eq!(padded_row_bytes(Q8_0, 960), Some(4 * 8 * 34));
+        assert_eq!(padded_row_bytes(Q5_0, 4096), Some(4096 / 32 * 22));
+        assert_eq!(padded_row_bytes(Q4_0, 4096), None);
         assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q5K, 4096), Some(Repack::Q5K));
