@@ -511,18 +511,25 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
     *d = (u16)(u & 7);
 }
 
+// Unit u of a run layout with an HB-byte second field (Q5_0R's fifth bits,
+// 4 bytes; Q4_1R's minimum, 2), `off` bytes further on: its quants, the
+// field in q[1].x and its scale.
+template <int HB>
+__device__ __forceinline__ void r8h_load(const u8* __restrict__ row, int u, int off, uint4* q, u16* d) {
+    q[0] = ld_stream16(r8_q<16, HB>(row, u) + off);
+    const u8* h = r8_hp<16, HB>(row, u) + off;
+    q[1] = make_uint4(HB == 4 ? ld_stream4(h) : (u32)ld_u16(h), 0u, 0u, 0u);
+    *d = ld_u16(r8_dp<16, HB>(row, u) + off);
+}
+
 template <>
 __device__ __forceinline__ void rload<T_Q5_0R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    q[0] = ld_stream16(r8_q<16, 4>(row, u));
-    q[1] = make_uint4(ld_stream4(r8_hp<16, 4>(row, u)), 0u, 0u, 0u);
-    *d = ld_u16(r8_dp<16, 4>(row, u));
+    r8h_load<4>(row, u, 0, q, d);
 }
 
 template <>
 __device__ __forceinline__ void rload<T_Q4_1R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    q[0] = ld_stream16(r8_q<16, 2>(row, u));
-    q[1] = make_uint4(ld_u16(r8_hp<16, 2>(row, u)), 0u, 0u, 0u);
-    *d = ld_u16(r8_dp<16, 2>(row, u));
+    r8h_load<2>(row, u, 0, q, d);
 }
 
 template <int T>
@@ -540,17 +547,11 @@ __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_1R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    constexpr int KS = 4 * 8 * (16 + 2 + 2);
-    q[0] = ld_stream16(r8_q<16, 2>(row, u0) + KS * k);
-    q[1] = make_uint4(ld_u16(r8_hp<16, 2>(row, u0) + KS * k), 0u, 0u, 0u);
-    *d = ld_u16(r8_dp<16, 2>(row, u0) + KS * k);
+    r8h_load<2>(row, u0, 4 * 8 * (16 + 2 + 2) * k, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q5_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    constexpr int KS = 4 * 8 * (16 + 4 + 2);
-    q[0] = ld_stream16(r8_q<16, 4>(row, u0) + KS * k);
-    q[1] = make_uint4(ld_stream4(r8_hp<16, 4>(row, u0) + KS * k), 0u, 0u, 0u);
-    *d = ld_u16(r8_dp<16, 4>(row, u0) + KS * k);
+    r8h_load<4>(row, u0, 4 * 8 * (16 + 4 + 2) * k, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -1051,6 +1052,8 @@ __device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* s
     double s = 0.0;
 #pragma unroll
     for (int k = 0; k < AN_V; k++) s += (double)yv[k] * (double)yv[k];
+    // block_inv_rms's steps (add_norm's post-norm sum, the same bits) with
+    // the staging's constant part count, as stage_norm_regs takes them.
     s = warp_sum_d(s);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();

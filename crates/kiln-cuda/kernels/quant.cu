@@ -586,9 +586,6 @@ extern "C" __global__ void repack_q5k(u8* W, u64 nsb) { PDL_ENTRY();
     }
 }
 
-// In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
-// first, as in the file): the run becomes the 8 quant arrays, then the 8
-// scales. grid-stride over `runs`; qb <= 32.
 // Out of place, one thread per run of 8 blocks of a row: `rows` rows of
 // `blocks` blocks of 2 + hb + qb bytes (f16 scale, hb bytes of a second
 // field, qb quant bytes, as in the file) from src into rows of `dst_row`
@@ -613,6 +610,9 @@ extern "C" __global__ void repack8_to(const u8* src, u8* dst, int rows, int bloc
     }
 }
 
+// In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
+// first, as in the file): the run becomes the 8 quant arrays, then the 8
+// scales. grid-stride over `runs`; qb <= 32.
 extern "C" __global__ void repack8(u8* W, u64 runs, int qb) { PDL_ENTRY();
     int hb = qb / 2 + 1;  // u16 per block
     for (u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += (u64)gridDim.x * blockDim.x) {

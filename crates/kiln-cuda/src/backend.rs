@@ -154,9 +154,15 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 /// pads rows to whole runs ([`Repack::Runs8To`]).
 pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match repack_layout(ty, cols)? {
-        Repack::Runs8To { qb, hb } => Some((cols / 32).div_ceil(8) * 8 * (qb + hb + 2)),
+        Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
         _ => None,
     }
+}
+
+/// A row of `cols` values as whole runs of 8 blocks of `qb` quant bytes, an
+/// `hb`-byte second field and an f16 scale.
+fn runs8_row_bytes(cols: usize, qb: usize, hb: usize) -> usize {
+    (cols / 32).div_ceil(8) * 8 * (qb + hb + 2)
 }
 
 /// The load-time repacking kernels.
@@ -224,13 +230,15 @@ pub(crate) fn repack(
         Repack::Runs8To { qb, hb } => {
             // A thread per run of a row.
             let blocks = cols / 32;
-            let runs = blocks.div_ceil(8);
-            let row_bytes = runs * 8 * (qb + hb + 2);
-            debug_assert_eq!(padded_row_bytes(ty, cols), Some(row_bytes));
+            let row_bytes = runs8_row_bytes(cols, qb, hb);
             let dst = DevBuf::alloc(rows * row_bytes)?;
             gpu.launch(
                 f.runs8_to,
-                ((rows * runs).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                (
+                    (rows * blocks.div_ceil(8)).div_ceil(256).clamp(1, 65535) as u32,
+                    1,
+                    1,
+                ),
                 256,
                 &[
                     Arg::P(ptr),
@@ -2742,11 +2750,7 @@ impl CudaBackend {
     /// GEMVs with the fused versions for every matrix.
     fn norm_fusable(&self) -> bool {
         let d = &self.desc;
-        let fused = |p: &Proj, f: Fuse| {
-            p.parts
-                .iter()
-                .all(|(m, _)| self.fused_kernel(m, f).is_some())
-        };
+        let fused = |p: &Proj, f: Fuse| self.proj_fused(p, f);
         let norm = Fuse::Norm {
             w: 0,
             eps: 0.0,
@@ -2768,6 +2772,13 @@ impl CudaBackend {
             })
     }
 
+    /// Whether every matrix of `p` has a one-token GEMV doing `f`.
+    fn proj_fused(&self, p: &Proj, f: Fuse) -> bool {
+        p.parts
+            .iter()
+            .all(|(m, _)| self.fused_kernel(m, f).is_some())
+    }
+
     /// Whether every decode layer of a post-norm model (Gemma 3) can run
     /// its add_norms inside the next norm-staging product ([`Post`]):
     /// RMSNorms without bias of rows that `add_norm` holds in one block,
@@ -2783,9 +2794,7 @@ impl CudaBackend {
                 eps: 0.0,
                 post,
             };
-            p.parts
-                .iter()
-                .all(|(m, _)| self.fused_kernel(m, f).is_some())
+            self.proj_fused(p, f)
         };
         let plain = |n: &Option<DNorm>| n.as_ref().is_some_and(|n| n.b.is_none());
         d.norm == NormKind::Rms
@@ -2910,23 +2919,19 @@ impl CudaBackend {
         ];
         let out = [Arg::P(o.y), Arg::P(o.bias)];
         // The post-norm kernels' last arguments.
-        let post_args = |p: Post| [Arg::P(p.y), Arg::P(p.w), Arg::P(p.xo)];
+        let post = match o.fuse {
+            Fuse::Norm { post, .. } | Fuse::NormGlu { post, .. } => post,
+            _ => Post::NONE,
+        };
+        let post_args = [Arg::P(post.y), Arg::P(post.w), Arg::P(post.xo)];
+        let tail: &[Arg] = if post.is_some() { &post_args } else { &[] };
         let args = match o.fuse {
             // x: the residual stream in f32.
-            Fuse::Norm { w: nw, eps, post } => {
-                let norm = [Arg::P(nw), Arg::F(eps)];
-                let tail: &[Arg] = if post.is_some() {
-                    &post_args(post)
-                } else {
-                    &[]
-                };
-                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &norm, tail])
+            Fuse::Norm { w: nw, eps, .. } => {
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)], tail])
             }
             Fuse::NormGlu {
-                w: nw,
-                eps,
-                act,
-                post,
+                w: nw, eps, act, ..
             } => {
                 let glu = [
                     Arg::P(nw),
@@ -2934,11 +2939,6 @@ impl CudaBackend {
                     Arg::I((mat.rows / 2) as i32),
                     Arg::I(act),
                 ];
-                let tail: &[Arg] = if post.is_some() {
-                    &post_args(post)
-                } else {
-                    &[]
-                };
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true), tail])
             }
             _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
@@ -3750,9 +3750,14 @@ impl CudaBackend {
                 Fuse::None
             }
         };
-        // The add_norm before a staging product, behind post-norm `pn` of
-        // the product that wrote s.tmp: where it applies (not before the
-        // first layer), its Post, and the stream moves.
+        let (res, res_y, norm_x) = if fuse {
+            (Fuse::Residual, s.x.ptr, s.x.ptr)
+        } else {
+            (Fuse::None, s.tmp.ptr, s.xn.ptr)
+        };
+        // A staging product's x, and the add_norm before it behind post-norm
+        // `pn` of the product that wrote s.tmp where it applies (not before
+        // the first layer): its Post, and the stream moves.
         let mut post_of = |pn: Option<&DNorm>| match pn {
             Some(pn) if pfuse => {
                 let p = Post {
@@ -3762,14 +3767,8 @@ impl CudaBackend {
                 };
                 (p, std::mem::replace(&mut cur, p.xo))
             }
-            _ => (Post::NONE, cur),
+            _ => (Post::NONE, if pfuse { cur } else { norm_x }),
         };
-        let (res, res_y, norm_x) = if fuse {
-            (Fuse::Residual, s.x.ptr, s.x.ptr)
-        } else {
-            (Fuse::None, s.tmp.ptr, s.xn.ptr)
-        };
-        let staged_x = |x_in: u64| if pfuse { x_in } else { norm_x };
         // L2 windows of one-token GEMV steps: GEMV slot 4 li + {0: QKV, 1:
         // O, 2: gate|up, 3: down}, taken only before a float GEMV.
         let cap = if self.mv_path(n) { self.l2_ahead } else { 0 };
@@ -3792,16 +3791,7 @@ impl CudaBackend {
                 .and_then(|p| self.layers[p].post_ffn_norm.as_ref());
             let (qkv_post, qkv_x) = post_of(prev_post);
             let qkv_norm = norm_of(&l.attn_norm, qkv_post);
-            self.proj(
-                &l.qkv,
-                staged_x(qkv_x),
-                n,
-                s.qkv.ptr,
-                qkv_dim,
-                true,
-                qkv_norm,
-                false,
-            )?;
+            self.proj(&l.qkv, qkv_x, n, s.qkv.ptr, qkv_dim, true, qkv_norm, false)?;
             let (g, lig) = self.layout.layer_slot[li];
             let nlg = self.layout.groups[g].layers.len();
             let rope = self.ropes.get(ld.rope_table);
@@ -4057,7 +4047,6 @@ impl CudaBackend {
             }
             let gu_stride = l.gate_up.rows;
             let (gu_post, gu_x) = post_of(l.post_attn_norm.as_ref());
-            let gu_x = staged_x(gu_x);
             if let Some(glu) = self.glu_fuse(l, fuse || pfuse, gu_post) {
                 // act_mul's work inside the gate|up GEMV (s.xq for down).
                 self.proj(&l.gate_up, gu_x, n, s.gu.ptr, gu_stride, true, glu, false)?;
