@@ -194,7 +194,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
             1 if ty == GgmlType::F32 => vec![100, 2052],
             1 => vec![72, 2056],
             32 => vec![96, 2240, 2304, 4608, 16640],
-            _ => vec![512, 2048, 2304, 4608, 16640],
+            _ => vec![512, 1536, 2048, 2304, 4608, 16640],
         };
         for cols in sizes {
             let rows = 37;
@@ -278,7 +278,8 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     }
                 }
             }
-            // The repacked layout (Q4_0 / Q8_0 / Q4_K / Q6_K matrices): the same
+            // The repacked layout (Q4_0 / Q8_0 / Q4_K / Q6_K matrices; Q6_K rows
+            // of 512 / 1,536 values into padded rows): the same
             // integers and scales in another order, so every kernel that
             // reads it gives the plain layout's results bit for bit.
             let repacked = if kiln_cuda::testing::repacks(ty, cols) {

@@ -400,18 +400,19 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
     for (int i = 0; i < 32; i++) w[i] = (float)(i8)((a[i >> 2] >> (8 * (i & 3))) & 0xff) * d;
 }
 
-// ---- Repacked Q6_K (rows of 7 to Q6KR_MAX_SB super-blocks, rearranged in
-// place at load by `repack_q6k`). A super-block is 208 bytes plus its f16
-// scale d, so only the d's keep it off 16-byte boundaries; they move: the row's
-// first F = (16 - row % 16) % 16 / 2 d's at its start, then every
-// super-block's other 208 bytes as one record (16-byte aligned), then the
-// remaining d's. A record holds its 8 units of 32 values as 8 x 16 bytes of
+// ---- Repacked Q6_K (rows of up to Q6KR_MAX_SB super-blocks, rearranged at
+// load by `repack_q6k`: in place from 7, below that into rows padded to 16
+// bytes). A super-block is 208 bytes plus its f16 scale d, so only the d's
+// keep it off 16-byte boundaries; they move: the row's first
+// F = (16 - row % 16) % 16 / 2 d's at its start, then every super-block's
+// other 208 bytes as one record (16-byte aligned), then the remaining d's. A record holds its 8 units of 32 values as 8 x 16 bytes of
 // low nibbles (byte i: values i and i + 16, as repacked Q4_0), then 8 x 8
 // bytes of high bit pairs (value 4k + b: byte 4 * (k / 4) + b, bits
 // 2 * (k % 4), so a shift and a mask give the 4 values of activation word
 // k), then the 16 int8 sub-block scales as in the file. A unit's quants are
 // one 16-byte and one 8-byte load instead of 32 two-byte ones. Same bytes
-// per row, same values. Kernel type id: T_REPACKED + T_Q6_K.
+// per row (padded rows: their padding never read), same values. Kernel type
+// id: T_REPACKED + T_Q6_K.
 #define T_Q6_KR (T_REPACKED + T_Q6_K)
 #define Q6KR_MAX_SB 234  // a row in 48 KiB of shared memory (repack_q6k)
 
@@ -444,16 +445,19 @@ __device__ __forceinline__ void unit<T_Q6_KR>(const u8* __restrict__ row, int u,
     }
 }
 
-// In place, a block per row (grid-stride over rows): Q6_K rows of nsb
-// super-blocks (7 <= nsb <= Q6KR_MAX_SB, rows 2-byte aligned) into the
-// layout above.
-extern "C" __global__ void repack_q6k(u8* W, int rows, int nsb) { PDL_ENTRY();
+// A block per row (grid-stride over rows): Q6_K rows of nsb super-blocks
+// (nsb <= Q6KR_MAX_SB) at src, rows of src_rb bytes, into the layout above
+// at dst, rows of dst_rb bytes (2-byte aligned). In place (src == dst, the
+// file's rows) a row needs nsb >= 7, the most d's its front can take; into
+// rows padded to 16 bytes every row's front is empty, so any nsb fits.
+extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb, u64 src_rb, u64 dst_rb) {
+    PDL_ENTRY();
     __shared__ u16 s[Q6KR_MAX_SB * 105];
     const u8* in = (const u8*)s;
-    u64 rb = (u64)nsb * 210;
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-        u8* row = W + (u64)r * rb;
-        for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = ((const u16*)row)[i];
+        const u16* from = (const u16*)(src + (u64)r * src_rb);
+        u8* row = dst + (u64)r * dst_rb;
+        for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = from[i];
         __syncthreads();
         int f = q6kr_front(row);
         for (int t = threadIdx.x; t < nsb * 8; t += blockDim.x) {

@@ -120,16 +120,20 @@ pub(crate) enum Repack {
         qb: usize,
         hb: usize,
     },
-    /// `repack_q6k`: rows of this many super-blocks.
+    /// `repack_q6k`: rows of this many super-blocks, in place.
     Q6K(usize),
+    /// `repack_q6k` into a new buffer of rows padded to 16 bytes: rows of
+    /// this many super-blocks, too few to repack in place.
+    Q6KTo(usize),
     /// `repack_q4k` / `repack_q5k`: each super-block in its place.
     Q4K,
     Q5K,
 }
 
-/// Super-blocks a Q6_K row may have to be repacked: at least as many as
-/// d's move to the row's front (up to 7), at most what `repack_q6k` holds
-/// in shared memory (Q6KR_MAX_SB in quant.cu).
+/// Super-blocks a Q6_K row may have to be repacked in place: at least as
+/// many as d's move to the row's front (up to 7), at most what
+/// `repack_q6k` holds in shared memory (Q6KR_MAX_SB in quant.cu). Shorter
+/// rows are repacked into rows padded to 16 bytes, whose fronts are empty.
 const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
 
 /// The repacked layout of rows of `cols` values of `ty`, when they have one.
@@ -144,6 +148,9 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
         GgmlType::Q4_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 2 }),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
+        GgmlType::Q6K if whole && cols > 0 && cols / 256 < *Q6KR_SB.start() => {
+            Some(Repack::Q6KTo(cols / 256))
+        }
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
         _ => None,
@@ -151,12 +158,18 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 }
 
 /// Bytes a row of `cols` values of `ty` takes where its repacked layout
-/// pads rows to whole runs ([`Repack::Runs8To`]).
+/// pads rows ([`Repack::Runs8To`], [`Repack::Q6KTo`]).
 pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match repack_layout(ty, cols)? {
         Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
+        Repack::Q6KTo(nsb) => Some(q6k_padded_row_bytes(nsb)),
         _ => None,
     }
+}
+
+/// A Q6_K row of `nsb` super-blocks padded to 16 bytes.
+fn q6k_padded_row_bytes(nsb: usize) -> usize {
+    (nsb * 210).next_multiple_of(16)
 }
 
 /// A row of `cols` values as whole runs of 8 blocks of `qb` quant bytes, an
@@ -252,12 +265,16 @@ pub(crate) fn repack(
             )?;
             moved = Some((dst, row_bytes));
         }
-        Repack::Q6K(nsb) => gpu.launch(
-            f.q6k,
-            (rows.clamp(1, 65535) as u32, 1, 1),
-            256,
-            &[Arg::P(ptr), Arg::I(rows as i32), Arg::I(nsb as i32)],
-        )?,
+        Repack::Q6K(nsb) => {
+            let rb = nsb as u64 * 210;
+            q6k_rows(gpu, f, ptr, ptr, rows, nsb, rb, rb)?;
+        }
+        Repack::Q6KTo(nsb) => {
+            let row_bytes = q6k_padded_row_bytes(nsb);
+            let dst = DevBuf::alloc(rows * row_bytes)?;
+            q6k_rows(gpu, f, ptr, dst.ptr, rows, nsb, nsb as u64 * 210, row_bytes as u64)?;
+            moved = Some((dst, row_bytes));
+        }
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
     }
@@ -265,6 +282,33 @@ pub(crate) fn repack(
         kernel: REPACKED + ty.id() as usize,
         moved,
     }))
+}
+
+/// `repack_q6k`: a block a row.
+#[allow(clippy::too_many_arguments)]
+fn q6k_rows(
+    gpu: &Gpu,
+    f: &Repackers,
+    src: u64,
+    dst: u64,
+    rows: usize,
+    nsb: usize,
+    src_rb: u64,
+    dst_rb: u64,
+) -> CuResult<()> {
+    gpu.launch(
+        f.q6k,
+        (rows.clamp(1, 65535) as u32, 1, 1),
+        256,
+        &[
+            Arg::P(src),
+            Arg::P(dst),
+            Arg::I(rows as i32),
+            Arg::I(nsb as i32),
+            Arg::P(src_rb),
+            Arg::P(dst_rb),
+        ],
+    )
 }
 
 /// Rows per warp of the `mvq_*` kernels.
@@ -4628,7 +4672,11 @@ mod tests {
         assert_eq!(*Q6KR_SB.end(), max_sb);
         assert!(max_sb * 210 <= 48 * 1024);
         use GgmlType::*;
-        assert_eq!(repack_layout(Q6K, 6 * 256), None);
+        assert_eq!(repack_layout(Q6K, 6 * 256), Some(Repack::Q6KTo(6)));
+        assert_eq!(repack_layout(Q6K, 256), Some(Repack::Q6KTo(1)));
+        assert_eq!(repack_layout(Q6K, 0), None);
+        assert_eq!(padded_row_bytes(Q6K, 6 * 256), Some(1264));
+        assert_eq!(padded_row_bytes(Q6K, 8 * 256), None);
         assert_eq!(repack_layout(Q6K, 7 * 256), Some(Repack::Q6K(7)));
         assert_eq!(repack_layout(Q6K, 4096), Some(Repack::Q6K(16)));
         assert_eq!(repack_layout(Q6K, max_sb * 256), Some(Repack::Q6K(max_sb)));
