@@ -266,13 +266,12 @@ pub(crate) fn repack(
             moved = Some((dst, row_bytes));
         }
         Repack::Q6K(nsb) => {
-            let rb = nsb as u64 * 210;
-            q6k_rows(gpu, f, ptr, ptr, rows, nsb, rb, rb)?;
+            q6k_rows(gpu, f, ptr, ptr, rows, nsb, nsb * 210)?;
         }
         Repack::Q6KTo(nsb) => {
             let row_bytes = q6k_padded_row_bytes(nsb);
             let dst = DevBuf::alloc(rows * row_bytes)?;
-            q6k_rows(gpu, f, ptr, dst.ptr, rows, nsb, nsb as u64 * 210, row_bytes as u64)?;
+            q6k_rows(gpu, f, ptr, dst.ptr, rows, nsb, row_bytes)?;
             moved = Some((dst, row_bytes));
         }
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
@@ -284,8 +283,8 @@ pub(crate) fn repack(
     }))
 }
 
-/// `repack_q6k`: a block a row.
-#[allow(clippy::too_many_arguments)]
+/// `repack_q6k`, a block a row: the file's rows of `nsb` super-blocks at
+/// `src` into rows of `dst_rb` bytes at `dst`.
 fn q6k_rows(
     gpu: &Gpu,
     f: &Repackers,
@@ -293,8 +292,7 @@ fn q6k_rows(
     dst: u64,
     rows: usize,
     nsb: usize,
-    src_rb: u64,
-    dst_rb: u64,
+    dst_rb: usize,
 ) -> CuResult<()> {
     gpu.launch(
         f.q6k,
@@ -305,8 +303,8 @@ fn q6k_rows(
             Arg::P(dst),
             Arg::I(rows as i32),
             Arg::I(nsb as i32),
-            Arg::P(src_rb),
-            Arg::P(dst_rb),
+            Arg::P(nsb as u64 * 210),
+            Arg::P(dst_rb as u64),
         ],
     )
 }
