@@ -2053,8 +2053,12 @@ fn main() {
     }
     if let Some(i) = args.iter().position(|a| a == "--precompile") {
         let arch = args.get(i + 1).map_or("sm_90", |s| s.as_str());
-        match kiln_cuda::gpu::cached_cubin(arch) {
-            Ok((c, how, p)) => println!("{arch}: {} bytes, {how}, {p:?}", c.len()),
+        match kiln_cuda::gpu::cached_cubins(arch) {
+            Ok((c, how, p)) => println!(
+                "{arch}: {} modules, {} bytes, {how}, {p:?}",
+                c.len(),
+                c.iter().map(Vec::len).sum::<usize>()
+            ),
             Err(e) => {
                 println!("{e}");
                 std::process::exit(1);
@@ -2098,8 +2102,8 @@ fn main() {
         i.nvrtc
     );
     println!(
-        "kernels: {} in {first:.2}s total open; cubin {:?}",
-        i.kernels, i.cubin_path
+        "kernels: {} in {first:.2}s total open; cache {:?}",
+        i.kernels, i.kernel_cache
     );
     let t = Instant::now();
     match Gpu::new(0) {

@@ -338,3 +338,20 @@ __device__ __forceinline__ float activate(int kind, float x) {
     }
     return (float)(0.5 * x64 * (1.0 + erf(x64 * 0.7071067811865476)));
 }
+
+// A float as a 16-bit float: fmt 0 = f16 (PTX round to nearest even), 1 =
+// bf16 (round to nearest even by bits; NaN kept quiet).
+__device__ __forceinline__ u16 f2half(float v, int fmt) {
+    if (fmt == 0) {
+        u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+    u32 b = __float_as_uint(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+// Most splits of a matrix (src/mmq.rs MAX_SPLITS): add_norm's load_parts
+// holds that many parts in registers.
+#define MMQ_MAX_SPLITS 8

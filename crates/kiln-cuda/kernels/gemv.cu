@@ -342,11 +342,6 @@ __device__ __forceinline__ float qdot<T_Q4_1>(const u8* __restrict__ row, int u,
     return q4_1_sum(ld_h(b), ld_h(b + 2), s, dx, sx);
 }
 
-// Bits 0..3 of h moved to bit 4 of bytes 0..3.
-__device__ __forceinline__ u32 spread4(u32 h) {
-    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
-}
-
 // The integer dot product of a Q5_0 block's low nibbles (word i's byte j:
 // value 4 i + j low, 16 + 4 i + j high) and fifth bits qh with x's 8 words.
 __device__ __forceinline__ int q5_dot(const u32* a, u32 qh, const int* xv) {
@@ -656,21 +651,6 @@ __device__ __forceinline__ float rdot<T_Q6_KR>(const uint4* q, u16 d, const int*
 // repacked: one expression, so the same bits).
 __device__ __forceinline__ float k4_sum(float d, float dmin, int sc, int m, int s, float dx, float sx) {
     return d * (float)sc * dx * (float)s - dmin * (float)m * sx;
-}
-
-// Unit j's 6-bit scale and min from a repacked Q4_K / Q5_K super-block's
-// header words (h.x = d | dmin << 16, h.y / h.z / h.w = scale bytes 0-3 /
-// 4-7 / 8-11; k4_scale_i's selection by shifts).
-__device__ __forceinline__ void k4_hscale(const uint4& h, int j, int& sc, int& m) {
-    int sh = 8 * (j & 3);
-    u32 lo = h.y >> sh, mid = h.z >> sh, hi = h.w >> sh;
-    if (j < 4) {
-        sc = (int)(lo & 63);
-        m = (int)(mid & 63);
-    } else {
-        sc = (int)((hi & 15) | (((lo >> 6) & 3) << 4));
-        m = (int)(((hi >> 4) & 15) | (((mid >> 6) & 3) << 4));
-    }
 }
 
 // k4_sum for unit j of a repacked Q4_K / Q5_K super-block from its header.

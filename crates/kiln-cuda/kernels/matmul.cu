@@ -223,18 +223,7 @@ EMBED(q5_k, T_Q5_K)
 EMBED(q6_k, T_Q6_K)
 
 // ---- Prefill GEMM support: weights and activations as 16-bit floats for
-// cuBLAS. fmt 0 = f16 (PTX round to nearest even), 1 = bf16 (round to
-// nearest even by bits; NaN kept quiet).
-__device__ __forceinline__ u16 f2half(float v, int fmt) {
-    if (fmt == 0) {
-        u16 h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-    u32 b = __float_as_uint(v);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
-    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
+// cuBLAS (f2half's fmt: 0 = f16, 1 = bf16).
 
 // dst[r][c] = W[r][c] as 16-bit floats, r < nrows (dst rows are `cols` wide).
 // One thread per 32-value unit. grid: ceil(nrows * units / 256); block: 256.

@@ -30,9 +30,6 @@
 // tokens of a fragment load fall in distinct banks; its scales (8 floats)
 // then sums (8), padded to 80 bytes for the same reason.
 #define MMQ_XS 272
-// Most splits of a matrix (src/mmq.rs MAX_SPLITS): add_norm's load_parts
-// holds that many parts in registers.
-#define MMQ_MAX_SPLITS 8
 #define MMQ_DS 80
 
 // d = A B (16 x 32 s8 row-major, 32 x 8 s8 column-major) + c, s32.

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cudarc::driver::{result as dr, sys};
@@ -168,9 +168,11 @@ pub struct DeviceInfo {
     pub driver_version: i32,
     pub nvrtc: Option<(i32, i32)>,
     pub total_mem: usize,
-    /// How the kernels were obtained: "compiled (N ms)" or "cache".
+    /// How the kernels were obtained: "compiled M of N modules (T ms)" or
+    /// "cache".
     pub kernels: String,
-    pub cubin_path: Option<PathBuf>,
+    /// Where compiled kernel modules are kept ([`cache_dir`]).
+    pub kernel_cache: Option<PathBuf>,
 }
 
 /// Per-kernel timing with events (off unless enabled; not during capture).
@@ -186,7 +188,8 @@ pub struct Gpu {
     pub(crate) ctx: sys::CUcontext,
     dev: sys::CUdevice,
     pub(crate) stream: sys::CUstream,
-    module: sys::CUmodule,
+    /// The kernel modules ([`kernel_modules`]); a kernel is in one of them.
+    modules: Vec<sys::CUmodule>,
     funcs: HashMap<String, sys::CUfunction>,
     /// Launch with programmatic dependent launch (sm_90+, `$KILN_CUDA_PDL`
     /// not 0): a kernel may start while the previous one finishes; every
@@ -219,10 +222,17 @@ pub struct Gpu {
 // current on the calling thread first.
 unsafe impl Send for Gpu {}
 
-/// The kernel sources, concatenated in this order.
-pub const SOURCES: [(&str, &str); 7] = [
+/// The kernel sources. The prelude (device helpers and the quantized
+/// layouts, no kernels) starts every unit; each unit is compiled as its own
+/// module, so a cold start compiles them on parallel threads and a source
+/// change recompiles only its unit. A timeline build compiles everything as
+/// one module: its stamp ring is one device global.
+pub const PRELUDE: [(&str, &str); 2] = [
     ("common.cu", include_str!("../kernels/common.cu")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
+];
+pub const UNITS: [(&str, &str); 6] = [
+    ("repack.cu", include_str!("../kernels/repack.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
@@ -230,14 +240,31 @@ pub const SOURCES: [(&str, &str); 7] = [
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 
-pub fn kernel_source() -> String {
+fn concat<'a>(files: impl IntoIterator<Item = &'a (&'a str, &'a str)>) -> String {
     let mut s = String::new();
-    for (name, src) in SOURCES {
+    for (name, src) in files {
         s.push_str(&format!("// ---- {name}\n"));
         s.push_str(src);
         s.push('\n');
     }
     s
+}
+
+/// Every source in one text: the prelude, then every unit.
+pub fn kernel_source() -> String {
+    concat(PRELUDE.iter().chain(UNITS.iter()))
+}
+
+/// The modules' sources, by name: the prelude and one unit each, or (a
+/// timeline build) one module of everything.
+pub fn kernel_modules() -> Vec<(&'static str, String)> {
+    if timeline_on() {
+        return vec![("all", kernel_source())];
+    }
+    UNITS
+        .iter()
+        .map(|u| (u.0, concat(PRELUDE.iter().chain([u]))))
+        .collect()
 }
 
 /// FNV-1a, 64 bits: the cache key of a source text (not security relevant).
@@ -346,60 +373,142 @@ pub fn compile_cubin_opts(src: &str, arch: &str, extra: &[&str]) -> CuResult<(Ve
     })
 }
 
-/// The cubin for `arch`: from the disk cache when the source, arch and NVRTC
-/// version match, else compiled (and stored). Returns (cubin, how, path).
-/// Needs no GPU: `cached_cubin("sm_90")` fills the cache ahead of time.
-pub fn cached_cubin(arch: &str) -> CuResult<(Vec<u8>, String, Option<PathBuf>)> {
-    load_or_compile(arch)
+/// The kernel modules' cubins for `arch`, each from the disk cache when its
+/// source, arch and NVRTC version match, else compiled (the missing ones on
+/// parallel threads) and stored. Returns the cubins, how they were obtained
+/// and the cache folder. Needs no GPU: `cached_cubins("sm_90")` fills the
+/// cache ahead of time.
+pub fn cached_cubins(arch: &str) -> CuResult<(Vec<Vec<u8>>, String, Option<PathBuf>)> {
+    cached_cubins_in(arch, cache_dir())
 }
 
-fn load_or_compile(arch: &str) -> CuResult<(Vec<u8>, String, Option<PathBuf>)> {
-    let src = kernel_source();
+/// [`cached_cubins`] with the cache in `dir` (None: no cache).
+pub fn cached_cubins_in(
+    arch: &str,
+    dir: Option<PathBuf>,
+) -> CuResult<(Vec<Vec<u8>>, String, Option<PathBuf>)> {
+    let modules = kernel_modules();
     let opts = nvrtc_options(arch).join(" ");
-    let key = fnv1a(format!("{src}\n{opts}").as_bytes());
     let nv = nvrtc_version();
-    let dir = cache_dir();
-    let stem = format!("kiln-{key:016x}-{arch}");
-    if let Some(d) = &dir {
-        let want = nv.map(|(a, b)| d.join(format!("{stem}-nvrtc{a}.{b}.cubin")));
-        match &want {
-            Some(p) => {
-                if let Ok(bytes) = std::fs::read(p) {
-                    return Ok((bytes, "cache".into(), Some(p.clone())));
-                }
+    let stems: Vec<String> = modules
+        .iter()
+        .map(|(_, src)| {
+            let key = fnv1a(format!("{src}\n{opts}").as_bytes());
+            format!("kiln-{key:016x}-{arch}")
+        })
+        .collect();
+    let mut cubins: Vec<Option<Vec<u8>>> = stems
+        .iter()
+        .map(|stem| dir.as_ref().and_then(|d| cached(d, stem, nv)))
+        .collect();
+    let missing: Vec<usize> = (0..cubins.len()).filter(|&i| cubins[i].is_none()).collect();
+    let how = if missing.is_empty() {
+        "cache".to_string()
+    } else {
+        let t = Instant::now();
+        let built = compile_parallel(&missing, &modules, arch)?;
+        for (i, cubin) in missing.iter().zip(built) {
+            if let (Some(d), Some(v)) = (&dir, nv) {
+                store(d, &stems[*i], v, &cubin);
             }
-            None => {
-                // No NVRTC here: any cached build of this source for this arch.
-                if let Ok(rd) = std::fs::read_dir(d) {
-                    for e in rd.flatten() {
-                        let name = e.file_name().to_string_lossy().to_string();
-                        if name.starts_with(&stem) && name.ends_with(".cubin") {
-                            if let Ok(bytes) = std::fs::read(e.path()) {
-                                return Ok((bytes, "cache (no NVRTC)".into(), Some(e.path())));
-                            }
-                        }
+            cubins[*i] = Some(cubin);
+        }
+        format!(
+            "compiled {} of {} modules ({} ms)",
+            missing.len(),
+            modules.len(),
+            t.elapsed().as_millis()
+        )
+    };
+    Ok((cubins.into_iter().flatten().collect(), how, dir))
+}
+
+/// A cached cubin of `stem` for NVRTC version `nv`; without NVRTC, any
+/// cached build of that source and arch.
+fn cached(dir: &Path, stem: &str, nv: Option<(i32, i32)>) -> Option<Vec<u8>> {
+    if let Some((a, b)) = nv {
+        return std::fs::read(dir.join(format!("{stem}-nvrtc{a}.{b}.cubin"))).ok();
+    }
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().to_string();
+        (name.starts_with(stem) && name.ends_with(".cubin"))
+            .then(|| std::fs::read(e.path()).ok())
+            .flatten()
+    })
+}
+
+/// Writes a cubin into the cache (through a temporary file, so a reader
+/// never sees half of one); a cache that cannot be written is skipped.
+fn store(dir: &Path, stem: &str, (a, b): (i32, i32), cubin: &[u8]) {
+    let p = dir.join(format!("{stem}-nvrtc{a}.{b}.cubin"));
+    let tmp = dir.join(format!("{stem}.{}.tmp", std::process::id()));
+    if std::fs::create_dir_all(dir).is_err()
+        || std::fs::write(&tmp, cubin).is_err()
+        || std::fs::rename(&tmp, &p).is_err()
+    {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Compiles `modules[i]` for each i in `which`, as many at once as the
+/// machine has cores, largest first; the cubins in `which`'s order.
+fn compile_parallel(
+    which: &[usize],
+    modules: &[(&str, String)],
+    arch: &str,
+) -> CuResult<Vec<Vec<u8>>> {
+    let mut order = which.to_vec();
+    order.sort_by_key(|&i| std::cmp::Reverse(modules[i].1.len()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(order.len());
+    let results: Vec<(usize, CuResult<Vec<u8>>)> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&i) = order.get(k) else {
+                            return out;
+                        };
+                        let r = compile_cubin(&modules[i].1, arch)
+                            .map_err(|e| CudaError(format!("{} (module {})", e.0, modules[i].0)));
+                        out.push((i, r));
                     }
-                }
-            }
-        }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| vec![(usize::MAX, Err(CudaError("NVRTC thread".into())))])
+            })
+            .collect()
+    });
+    let mut by_index: HashMap<usize, Vec<u8>> = HashMap::new();
+    for (i, r) in results {
+        by_index.insert(i, r?);
     }
-    let t = Instant::now();
-    let cubin = compile_cubin(&src, arch)?;
-    let how = format!("compiled ({} ms)", t.elapsed().as_millis());
-    let mut path = None;
-    if let (Some(d), Some((a, b))) = (&dir, nv) {
-        let p = d.join(format!("{stem}-nvrtc{a}.{b}.cubin"));
-        let tmp = d.join(format!("{stem}.{}.tmp", std::process::id()));
-        if std::fs::create_dir_all(d).is_ok()
-            && std::fs::write(&tmp, &cubin).is_ok()
-            && std::fs::rename(&tmp, &p).is_ok()
-        {
-            path = Some(p);
-        } else {
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
-    Ok((cubin, how, path))
+    which
+        .iter()
+        .map(|i| {
+            by_index
+                .remove(i)
+                .ok_or_else(|| CudaError("NVRTC: a module was not compiled".into()))
+        })
+        .collect()
+}
+
+/// The kernel `name` from whichever of `modules` holds it.
+fn find_function(modules: &[sys::CUmodule], name: &str) -> Option<sys::CUfunction> {
+    let c = CString::new(name).ok()?;
+    modules
+        .iter()
+        // SAFETY: the modules are live.
+        .find_map(|&m| unsafe { dr::module::get_function(m, c.clone()) }.ok())
 }
 
 impl Gpu {
@@ -482,11 +591,16 @@ impl Gpu {
             dr::stream::create(dr::stream::StreamKind::NonBlocking),
         )?;
         let arch = format!("sm_{}{}", cc.0, cc.1);
-        let (cubin, how, cubin_path) = load_or_compile(&arch)?;
-        // SAFETY: a complete cubin image, kept alive for the call.
-        let module = drv("loading the kernel module", unsafe {
-            dr::module::load_data(cubin.as_ptr() as *const c_void)
-        })?;
+        let (cubins, how, cache) = cached_cubins(&arch)?;
+        let modules = cubins
+            .iter()
+            .map(|cubin| {
+                // SAFETY: a complete cubin image, kept alive for the call.
+                drv("loading a kernel module", unsafe {
+                    dr::module::load_data(cubin.as_ptr() as *const c_void)
+                })
+            })
+            .collect::<CuResult<Vec<_>>>()?;
         let info = DeviceInfo {
             name,
             cc,
@@ -495,24 +609,19 @@ impl Gpu {
             nvrtc,
             total_mem,
             kernels: how,
-            cubin_path,
+            kernel_cache: cache,
         };
         let named = |var: &str| -> Vec<sys::CUfunction> {
             std::env::var(var)
                 .unwrap_or_default()
                 .split(',')
-                .filter_map(|n| CString::new(n.trim()).ok())
-                // SAFETY: module is live.
-                .filter_map(|c| unsafe { dr::module::get_function(module, c) }.ok())
+                .filter_map(|n| find_function(&modules, n.trim()))
                 .collect()
         };
         let twice = named("KILN_CUDA_TWICE");
         let skip = named("KILN_CUDA_SKIP");
         let boundary = if std::env::var("KILN_CUDA_BOUNDARY").is_ok_and(|v| v == "1") {
-            CString::new("nop")
-                .ok()
-                // SAFETY: module is live.
-                .and_then(|c| unsafe { dr::module::get_function(module, c) }.ok())
+            find_function(&modules, "nop")
         } else {
             None
         };
@@ -521,7 +630,7 @@ impl Gpu {
             ctx,
             dev,
             stream,
-            module,
+            modules,
             funcs: HashMap::new(),
             profile: std::cell::RefCell::new(None),
             pdl: cc.0 >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
@@ -551,11 +660,8 @@ impl Gpu {
         if let Some(&f) = self.funcs.get(name) {
             return Ok(f);
         }
-        let c = CString::new(name).map_err(|_| CudaError("bad kernel name".into()))?;
-        // SAFETY: module is live.
-        let f = drv(&format!("kernel '{name}'"), unsafe {
-            dr::module::get_function(self.module, c)
-        })?;
+        let f = find_function(&self.modules, name)
+            .ok_or_else(|| CudaError(format!("kernel '{name}' is in no kernel module")))?;
         self.funcs.insert(name.to_string(), f);
         Ok(f)
     }
@@ -843,10 +949,16 @@ impl Gpu {
 
     fn timeline_global(&self, name: &str) -> CuResult<(sys::CUdeviceptr, usize)> {
         let c = CString::new(name).map_err(|_| CudaError("bad symbol name".into()))?;
+        // A timeline build is one module (kernel_modules).
+        let m = self
+            .modules
+            .first()
+            .copied()
+            .unwrap_or(std::ptr::null_mut());
         // SAFETY: module is live.
         drv(
             &format!("'{name}' (a timeline build: $KILN_CUDA_TIMELINE)"),
-            unsafe { dr::module::get_global(self.module, c) },
+            unsafe { dr::module::get_global(m, c) },
         )
     }
 
@@ -966,7 +1078,9 @@ impl Drop for Gpu {
         unsafe {
             let _ = dr::ctx::set_current(self.ctx);
             let _ = dr::stream::synchronize(self.stream);
-            let _ = dr::module::unload(self.module);
+            for &m in &self.modules {
+                let _ = dr::module::unload(m);
+            }
             let _ = dr::stream::destroy(self.stream);
             let _ = dr::primary_ctx::release(self.dev);
         }

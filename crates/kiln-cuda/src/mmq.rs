@@ -258,7 +258,8 @@ mod tests {
         assert_eq!(smem_bytes(144, 64), 3 * (64 * 148 + 64 * 352));
         assert_eq!(define("MMQ_XS"), X_BYTES);
         assert_eq!(define("MMQ_DS"), D_BYTES);
-        assert_eq!(define("MMQ_MAX_SPLITS"), MAX_SPLITS);
+        let common = include_str!("../kernels/common.cu");
+        assert!(common.contains(&format!("#define MMQ_MAX_SPLITS {MAX_SPLITS}\n")));
         for m in mmq_types() {
             let rb = m.run_bytes;
             assert!(

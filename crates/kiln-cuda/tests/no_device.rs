@@ -1,37 +1,52 @@
 //! Checks that run without a GPU (CI has none).
 
-use kiln_cuda::gpu::{compile_cubin_opts, kernel_source, nvrtc_version};
+use kiln_cuda::gpu::{
+    cached_cubins_in, compile_cubin_opts, kernel_modules, kernel_source, nvrtc_version,
+};
 
-/// The kernels compile with NVRTC when the library is present (it can be
-/// installed without a GPU: PyPI `nvidia-cuda-nvrtc`); skipped otherwise.
+/// The kernel modules compile with NVRTC when the library is present (it
+/// can be installed without a GPU: PyPI `nvidia-cuda-nvrtc`), as a cold
+/// start compiles them (in parallel, stored in the cache), and a second
+/// start finds every one in the cache; skipped without NVRTC.
+/// `KILN_NVRTC_VERBOSE=1` also prints ptxas's report over all the sources.
 #[test]
 fn kernels_compile_with_nvrtc() {
     let Some(v) = nvrtc_version() else {
         eprintln!("skipped: libnvrtc not found");
         return;
     };
-    {
-        let arch = "sm_90";
-        let t = std::time::Instant::now();
-        let verbose = std::env::var_os("KILN_NVRTC_VERBOSE").is_some();
-        let extra: &[&str] = if verbose {
-            &["--ptxas-options=-v"]
-        } else {
-            &[]
-        };
-        let (cubin, log) =
-            compile_cubin_opts(&kernel_source(), arch, extra).unwrap_or_else(|e| panic!("{e}"));
-        if verbose {
-            eprintln!("{log}");
-        }
-        eprintln!(
-            "NVRTC {}.{} {arch}: {} bytes in {} ms",
-            v.0,
-            v.1,
-            cubin.len(),
-            t.elapsed().as_millis()
-        );
-        assert!(cubin.len() > 1000);
+    let arch = "sm_90";
+    if std::env::var_os("KILN_NVRTC_VERBOSE").is_some() {
+        let (_, log) = compile_cubin_opts(&kernel_source(), arch, &["--ptxas-options=-v"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{log}");
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-nvrtc-test-{}", std::process::id()));
+    let t = std::time::Instant::now();
+    let (cubins, how, _) =
+        cached_cubins_in(arch, Some(dir.clone())).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "NVRTC {}.{} {arch}: {how}, {} bytes, {} ms",
+        v.0,
+        v.1,
+        cubins.iter().map(Vec::len).sum::<usize>(),
+        t.elapsed().as_millis()
+    );
+    assert_eq!(cubins.len(), kernel_modules().len());
+    assert!(cubins.iter().all(|c| c.len() > 1000));
+    let (again, how, _) =
+        cached_cubins_in(arch, Some(dir.clone())).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(how, "cache");
+    assert_eq!(again, cubins);
+}
+
+/// The prelude that starts every kernel module defines no kernel, so each
+/// kernel is compiled in its own unit only.
+#[test]
+fn prelude_defines_no_kernel() {
+    for (name, src) in kiln_cuda::gpu::PRELUDE {
+        assert!(!src.contains("__global__"), "{name} defines a kernel");
     }
 }
 
