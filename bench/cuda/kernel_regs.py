@@ -16,7 +16,7 @@ import re
 import site
 import sys
 
-ORDER = ["common.cu", "quant.cu", "matmul.cu", "gemv.cu", "mmq.cu", "ops.cu", "flash.cu"]
+ORDER = ["common.cu", "quant.cu", "repack.cu", "matmul.cu", "gemv.cu", "mmq.cu", "ops.cu", "attention.cu", "flash.cu"]
 
 
 def nvrtc_dir():

@@ -260,6 +260,36 @@ pub fn open(model: Option<PathBuf>) -> Result<Opened, Box<dyn std::error::Error>
     Ok(Opened { path, model, desc })
 }
 
+/// What the CLI shows while a cold start compiles the CUDA kernels: a
+/// spinner with the elapsed time on a terminal, else one line.
+fn compile_spinner() -> impl Fn(Option<&str>) + Send + Sync + 'static {
+    use std::io::IsTerminal;
+    let bar = std::sync::Mutex::new(None::<indicatif::ProgressBar>);
+    move |what| {
+        let Ok(mut bar) = bar.lock() else {
+            return;
+        };
+        match what {
+            Some(what) if std::io::stderr().is_terminal() => {
+                let b = indicatif::ProgressBar::new_spinner();
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                );
+                b.set_message(format!("kiln: {what}"));
+                b.enable_steady_tick(std::time::Duration::from_millis(120));
+                *bar = Some(b);
+            }
+            Some(what) => eprintln!("kiln: {what}"),
+            None => {
+                if let Some(b) = bar.take() {
+                    b.finish_and_clear();
+                }
+            }
+        }
+    }
+}
+
 /// The one place a backend is chosen and built: CUDA for `--device cuda`
 /// (an error if it cannot start) or `auto` with a driver present (falling
 /// back to the CPU with a note on stderr if it cannot start), else the CPU.
@@ -278,6 +308,7 @@ pub fn make_backend(
         Device::Cpu => None,
         Device::Auto if !kiln_cuda::driver_present() => None,
         Device::Auto | Device::Cuda => {
+            kiln_cuda::gpu::on_kernel_compile(compile_spinner());
             let b = CudaBackend::new(
                 Arc::clone(model),
                 desc.clone(),

@@ -633,7 +633,7 @@ const ATT_REACHES: usize = AttReach::Wide as usize + 1;
 
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
-/// 256: 32 * ATT_DEC_WARPS(DPL, G) in ops.cu; `grouped`: the G = 4 kernels.
+/// 256: 32 * ATT_DEC_WARPS(DPL, G) in attention.cu; `grouped`: the G = 4 kernels.
 fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
     match (grouped, dpl) {
         (true, _) => 512,
@@ -644,7 +644,7 @@ fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
 /// Blocks of query heads the split decode attention's grid has per token:
 /// one per head, or (`grouped`) one per up to four heads of a KV group, a
 /// larger group splitting evenly over ceil(group / 4) blocks (attention_impl's
-/// G in ops.cu).
+/// G in attention.cu).
 fn att_head_blocks(n_heads: usize, n_kv: usize, grouped: bool) -> usize {
     if grouped {
         n_kv * (n_heads / n_kv.max(1)).div_ceil(4)
@@ -2400,7 +2400,7 @@ impl CudaBackend {
         // attention then issues its L2 window, and its layouts' bounds move.
         let float_o = layers.iter().any(|l| l.o.is_float());
         // The grouped kernels exist for head dims up to 128 that 8 divides
-        // (a lane takes whole 16-byte words of 8 dims: ops.cu SplitLanes);
+        // (a lane takes whole 16-byte words of 8 dims: attention.cu SplitLanes);
         // by default a group of two or one (half or more of a block's heads
         // copies) does not take them. `$KILN_CUDA_ATT_GROUP=0` never,
         // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
@@ -3667,7 +3667,7 @@ impl CudaBackend {
                 (hid / c).min(256) as u32,
                 c as u32,
             ),
-            // 512: AN_THREADS in ops.cu.
+            // 512: AN_THREADS in common.cu.
             None => (self.k.add_norm, (n as u32, 1, 1), 512, 1),
         };
         self.gpu.launch_cluster(
@@ -4029,7 +4029,7 @@ impl CudaBackend {
                     && gqa.is_none()
                     && n <= self.att_split_tokens
                 {
-                    // 32 warps for head dims up to 64, 16 up to 128 (ops.cu
+                    // 32 warps for head dims up to 64, 16 up to 128 (attention.cu
                     // ATTENTION_WIDE).
                     self.gpu.launch(
                         self.k.attention_wide[dpl][usize::from(l2w)],

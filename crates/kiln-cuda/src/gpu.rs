@@ -231,12 +231,13 @@ pub const PRELUDE: [(&str, &str); 2] = [
     ("common.cu", include_str!("../kernels/common.cu")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
 ];
-pub const UNITS: [(&str, &str); 6] = [
+pub const UNITS: [(&str, &str); 7] = [
     ("repack.cu", include_str!("../kernels/repack.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 
@@ -373,6 +374,17 @@ pub fn compile_cubin_opts(src: &str, arch: &str, extra: &[&str]) -> CuResult<(Ve
     })
 }
 
+/// What [`on_kernel_compile`] registered.
+type CompileNotice = Box<dyn Fn(Option<&str>) + Send + Sync>;
+static COMPILE_NOTICE: std::sync::OnceLock<CompileNotice> = std::sync::OnceLock::new();
+
+/// Registers `f` to hear of a start's kernel compile: `Some(what)` before
+/// (a cold start: tens of seconds), `None` when it is over. The first
+/// registration stays.
+pub fn on_kernel_compile(f: impl Fn(Option<&str>) + Send + Sync + 'static) {
+    let _ = COMPILE_NOTICE.set(Box::new(f));
+}
+
 /// The kernel modules' cubins for `arch`, each from the disk cache when its
 /// source, arch and NVRTC version match, else compiled (the missing ones on
 /// parallel threads) and stored. Returns the cubins, how they were obtained
@@ -406,7 +418,23 @@ pub fn cached_cubins_in(
         "cache".to_string()
     } else {
         let t = Instant::now();
-        let built = compile_parallel(&missing, &modules, arch)?;
+        let notice = COMPILE_NOTICE.get();
+        if let Some(f) = notice {
+            let place = dir.as_ref().map_or(String::new(), |d| {
+                format!("; kept in {} for later starts", d.display())
+            });
+            f(Some(&format!(
+                "compiling {} of {} CUDA kernel modules for {arch} (once per kiln build, \
+                 driver and GPU type{place})",
+                missing.len(),
+                modules.len()
+            )));
+        }
+        let built = compile_parallel(&missing, &modules, arch);
+        if let Some(f) = notice {
+            f(None);
+        }
+        let built = built?;
         for (i, cubin) in missing.iter().zip(built) {
             if let (Some(d), Some(v)) = (&dir, nv) {
                 store(d, &stems[*i], v, &cubin);

@@ -1,0 +1,1484 @@
+// The attention kernels over the paged K/V cache: the QKV product's
+// epilogue (qkv_post: RoPE, QK-norm, the cache write), decode attention
+// (split, clustered, grouped, wide and tiled walks), and the cache gather
+// for prefill's GEMM attention.
+
+// Offset of position p's row (kvd values) in a layer's paged K or V cache,
+// [block][layer in group][position in block][kv_dim]; `table`: the
+// sequence's block table. (P: the caller's index type, kept for its division.)
+template <typename P>
+__device__ __forceinline__ u64 kv_row(const u32* table, P p, int bs, int nlg, int lig, int kvd) {
+    return (((u64)table[p / bs] * nlg + lig) * bs + p % bs) * kvd;
+}
+
+// The KV cache's element: float, or f16 bits (u16, `--cache-type-k/v f16`:
+// half the memory and half the bytes attention reads). Stored rounded to
+// nearest even (as the CPU backend's f16 cache), read back exactly; kv_round
+// is a store and a load, for values used both directly and from the cache.
+// kv_f: a loaded element as float. Where the raw value waits in a register
+// for its turn (the decode attention's rows in flight), converting it at the
+// load (kv_ld) would stall the warp there until the load lands.
+__device__ __forceinline__ float kv_f(float x) { return x; }
+__device__ __forceinline__ float kv_f(u16 h) { return h2f(h); }
+template <typename KV>
+__device__ __forceinline__ float kv_ld(const KV* p) { return kv_f(*p); }
+__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_st(u16* p, float v) { *p = f2half(v, 0); }
+template <typename KV>
+__device__ __forceinline__ float kv_round(float v) {
+    return sizeof(KV) == 4 ? v : h2f(f2half(v, 0));
+}
+
+// One RoPE pair (x0, x1) rotated by (c, s), each output's multiply-adds
+// spelled out so that qkv_post and the fused decode attention round alike
+// (left to the compiler, the contraction differed between them).
+__device__ __forceinline__ float rope_lo(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+}
+__device__ __forceinline__ float rope_hi(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, s, __fmul_rn(x1, c));
+}
+
+// After the QKV projection, a warp per (head, token) (grid: (ceil((n_heads +
+// 2 n_kv) / warps), n); block: warps x 32, at most QP_WARPS warps):
+// Q and K heads: optional per-head RMSNorm, RoPE; Q and K are written back in
+// place, K and V go to the paged cache at the token's position.
+// Cache layout: [block][layer in group][position in block][kv_dim].
+#define QP_WARPS 4
+template <typename KV>
+__device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_heads, int n_kv, int hd,
+                                              const float* qnw, const float* knw, float eps,
+                                              const float* cosb, const float* sinb, int rope_dim, int neox,
+                                              const u32* positions, const u32* rowidx, const u32* tables,
+                                              int tstride, int bs, int nlg, int lig, KV* kc, KV* vc) {
+    PDL_ENTRY();
+    __shared__ float hs[QP_WARPS][512];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int hi = blockIdx.x * (blockDim.x >> 5) + w, t = blockIdx.y;
+    if (hi >= n_heads + 2 * n_kv) return;
+    float* h = hs[w];
+    int kvd = n_kv * hd;
+    float* base = qkv + (u64)t * stride;
+    float* p;
+    int kind;  // 0 q, 1 k, 2 v
+    int kh = 0;
+    if (hi < n_heads) {
+        p = base + hi * hd;
+        kind = 0;
+    } else if (hi < n_heads + n_kv) {
+        kh = hi - n_heads;
+        p = base + n_heads * hd + kh * hd;
+        kind = 1;
+    } else {
+        kh = hi - n_heads - n_kv;
+        p = base + n_heads * hd + kvd + kh * hd;
+        kind = 2;
+    }
+    // Unrolled: a lane's loads issue together (one round trip, not hd / 32).
+#pragma unroll 8
+    for (int i = lane; i < hd; i += 32) h[i] = p[i];
+    __syncwarp();
+    u32 pos = positions[t];
+    if (kind < 2) {
+        const float* nw = kind == 0 ? qnw : knw;
+        if (nw) {
+            double s = 0.0;
+#pragma unroll 8
+            for (int i = lane; i < hd; i += 32) s += (double)h[i] * (double)h[i];
+            double ss = warp_sum_d(s);
+            float inv = (float)inv_rms(ss, hd, eps);
+            __syncwarp();
+#pragma unroll 8
+            for (int i = lane; i < hd; i += 32) h[i] = h[i] * inv * nw[i];
+            __syncwarp();
+        }
+        if (cosb) {
+            int half = rope_dim >> 1;
+            const float* cs = cosb + (u64)pos * half;
+            const float* sn = sinb + (u64)pos * half;
+#pragma unroll 4
+            for (int i = lane; i < half; i += 32) {
+                int a = neox ? i : 2 * i;
+                int bb = neox ? i + half : 2 * i + 1;
+                float x0 = h[a], x1 = h[bb], c = cs[i], s = sn[i];
+                h[a] = rope_lo(x0, x1, c, s);
+                h[bb] = rope_hi(x0, x1, c, s);
+            }
+            __syncwarp();
+        }
+    }
+    // Q and K are written back too (the GEMM prefill attention reads Q
+    // from here), K and V also go to the cache.
+    if (kind < 2) {
+#pragma unroll 8
+        for (int i = lane; i < hd; i += 32) p[i] = h[i];
+    }
+    if (kind == 0) return;
+    u64 at = kv_row(tables + (u64)rowidx[t] * tstride, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
+    KV* dst = (kind == 1 ? kc : vc) + at;
+#pragma unroll 8
+    for (int i = lane; i < hd; i += 32) kv_st(dst + i, h[i]);
+}
+#define QKV_POST(NAME, KV)                                                                             \
+    extern "C" __global__ void NAME(float* qkv, int stride, int n_heads, int n_kv, int hd, const float* qnw, \
+                                    const float* knw, float eps, const float* cosb, const float* sinb,  \
+                                    int rope_dim, int neox, const u32* positions, const u32* rowidx,   \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, KV* kc,  \
+                                    KV* vc) {                                                          \
+        qkv_post_impl<KV>(qkv, stride, n_heads, n_kv, hd, qnw, knw, eps, cosb, sinb, rope_dim, neox,   \
+                          positions, rowidx, tables, tstride, bs, nlg, lig, kc, vc);                   \
+    }
+QKV_POST(qkv_post, float)
+QKV_POST(qkv_post_h, u16)
+
+// Attention for one (query head, token) per block (grid: (n_heads, n, S); block: 128).
+// Each warp walks a strided share of the visible positions with an online
+// softmax; the warps' partial results are merged at the end. Lane l holds
+// head dimensions l, l + 32, ... (head_dim <= 256).
+// Split-K over positions (flash-decoding) when S = gridDim.z > 1: block s takes
+// the s-th of S equal slices of the visible range and leaves (max, sum,
+// unnormalised output) in `part`; the last block of the (head, token) to
+// finish (a counter per pair, reset by that block for the next launch or
+// graph replay) merges the S partials. A few heads x tokens would otherwise
+// keep most SMs idle at long contexts. (Quantizing the output here for the
+// next GEMV, instead of quantize_q8, measured 3.7 us slower per call than the
+// 3.1 us kernel it saved: docs/BENCHMARKS.md.)
+#define ATT_WARPS 4
+// Warps a block of the split decode attention (attention_impl) for DPL
+// dims a lane and G query heads a block: one head, 8 for heads of up to 64
+// (half the positions each warp walks at long contexts; 61 registers, 4
+// blocks an SM still hold a one-sequence step's 512 blocks), 4 above
+// (96-168 registers: 8 would take two waves); grouped (G = 4), 16: as many
+// warps an SM as four one-head blocks, each walking a quarter of the
+// positions for four heads (NOTES.md items 43, 62; backend.rs
+// att_dec_threads).
+#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 ? 8 : 4)
+#define ATT_DPL 8
+// K/V rows a warp of the decode attention keeps in flight (its first ones
+// loaded before the PDL wait): 4, 2 for head dims above 128 (registers).
+#define ATT_PRE 4
+
+// K and V of cache position p for KV head kh: lane l holds dims l, l + 32, ...
+// (raw cache elements: att_step converts them).
+template <int DPL, typename KV>
+__device__ __forceinline__ void load_kv_row(const KV* kc, const KV* vc, const u32* table, int p, int bs,
+                                            int nlg, int lig, int kvd, int kh, int hd, int lane, KV* kv,
+                                            KV* vv) {
+    u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        kv[i] = d < hd ? kc[at + d] : (KV)0;
+        vv[i] = d < hd ? vc[at + d] : (KV)0;
+    }
+}
+
+// qkv_post's per-head work on a head held as attention holds it (lane l:
+// dims l, l + 32, ...; hd == 32 * DPL), the same operations in the same
+// order: optional RMSNorm (nw), then RoPE over the whole head (cosb; NeoX
+// pairs (i, i + hd / 2) sit in one lane, pairs (2i, 2i + 1) in a lane and
+// its neighbour).
+// What head_post reads besides the head: the norm's weights for this
+// lane's dims (w[i]: dim lane + 32 i) and RoPE's cos / sin at the token's
+// position (c[i], s[i]: pair of dim lane + 32 i). All load-time tables, so
+// the fused attention reads them before its PDL wait.
+template <int DPL>
+struct HeadTables {
+    float qw[DPL], kw[DPL], c[DPL], s[DPL];
+};
+
+template <int DPL>
+__device__ __forceinline__ void head_tables(HeadTables<DPL>& t, const float* qnw, const float* knw,
+                                            const float* cosb, const float* sinb, int neox, u32 pos, int lane) {
+    constexpr int half = 16 * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        t.qw[i] = qnw ? qnw[d] : 0.0f;
+        t.kw[i] = knw ? knw[d] : 0.0f;
+        // NeoX rotates dims d and d + half by pair d (i < DPL / 2); GGUF
+        // rotates dims 2j and 2j + 1 by pair j.
+        int j = neox ? (i < DPL / 2 ? d : 0) : d >> 1;
+        t.c[i] = cosb ? cosb[(u64)pos * half + j] : 0.0f;
+        t.s[i] = cosb ? sinb[(u64)pos * half + j] : 0.0f;
+    }
+}
+
+// Optional per-head RMSNorm (w: its weights, norm: whether there is one),
+// then RoPE over the whole head (rope: whether there is one) with the
+// cos / sin of head_tables.
+template <int DPL>
+__device__ __forceinline__ void head_post(float* v, bool norm, const float* w, float eps, bool rope, int neox,
+                                          const float* c, const float* s, int lane) {
+    constexpr int hd = 32 * DPL;
+    if (norm) {
+        double ss = 0.0;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ss = __fma_rn((double)v[i], (double)v[i], ss);
+        ss = warp_sum_d(ss);
+        float inv = (float)inv_rms(ss, hd, eps);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) v[i] = v[i] * inv * w[i];
+    }
+    if (!rope) return;
+    if (neox) {
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            float x0 = v[i], x1 = v[i + DPL / 2];
+            v[i] = rope_lo(x0, x1, c[i], s[i]);
+            v[i + DPL / 2] = rope_hi(x0, x1, c[i], s[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            float o = __shfl_xor_sync(0xffffffffu, v[i], 1);
+            v[i] = (d & 1) == 0 ? rope_lo(v[i], o, c[i], s[i]) : rope_hi(o, v[i], c[i], s[i]);
+        }
+    }
+}
+
+// A head's row at p (a query row, or the token's own K or V in its QKV
+// row) into registers as attention holds a head (lane l: dims l, l + 32,
+// ...), zeros past hd.
+template <int DPL>
+__device__ __forceinline__ void att_row(const float* p, int hd, int lane, float* v) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        v[i] = d < hd ? p[d] : 0.0f;
+    }
+}
+
+// The query rows of G heads (row_of(g): the g-th head's) into registers
+// (att_row), and each head's online softmax state cleared.
+template <int G, int DPL, typename R>
+__device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float (*qv)[DPL], float (*acc)[DPL],
+                                               float* m, float* l) {
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        att_row<DPL>(row_of(g), hd, lane, qv[g]);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+}
+
+// A head's score for one position into its online softmax: the running
+// maximum m and sum l updated; corr rescales what was accumulated, e weighs
+// the position.
+__device__ __forceinline__ void att_online(float s, float scale, float softcap, float& m, float& l, float& corr,
+                                           float& e) {
+    s *= scale;
+    if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+    float mn = fmaxf(m, s);
+    corr = __expf(m - mn);
+    e = __expf(s - mn);
+    l = __fmaf_rn(l, corr, e);
+    m = mn;
+}
+
+// One position into a warp's online softmax for its query head (lane l:
+// dims l, l + 32, ...): score, running maximum and sum, accumulated e * V
+// (K and V as float or raw cache elements, kv_f). The grouped decode
+// kernels walk with split lanes instead (att_step_split). The fused
+// multiply-adds are spelled out: left to the compiler, kernels of different
+// layouts contracted `acc * corr + e * v` on different sides (logits 3e-6
+// apart, more with an f16 cache).
+template <int DPL, typename T>
+__device__ __forceinline__ void att_step(const float* qv, const T* kv, const T* vv, int hd, int lane, float scale,
+                                         float softcap, float& m, float& l, float* acc) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) s = __fmaf_rn(qv[i], kv_f(kv[i]), s);
+    }
+    float corr, e;
+    att_online(warp_sum(s), scale, softcap, m, l, corr, e);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        acc[i] = __fmaf_rn(acc[i], corr, d < hd ? __fmul_rn(e, kv_f(vv[i])) : 0.0f);
+    }
+}
+
+// A tile of PRE scores (the first nv count) into an online softmax (m, l):
+// each score scaled (and soft-capped) in place, m raised to the tile's
+// maximum once, e[j] the positions' weights, l rescaled and added to; the
+// correction for what was accumulated is returned. att_tile and
+// att_tile_split share it.
+template <int PRE>
+__device__ __forceinline__ float att_tile_softmax(float* s, int nv, float scale, float softcap, float& m, float& l,
+                                                  float* e) {
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        float v = s[j] * scale;
+        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+        s[j] = v;
+        mt = fmaxf(mt, j < nv ? v : -INFINITY);
+    }
+    float mn = fmaxf(m, mt);
+    float corr = __expf(m - mn);
+    m = mn;
+    float le = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        e[j] = j < nv ? __expf(s[j] - mn) : 0.0f;
+        le += e[j];
+    }
+    l = __fmaf_rn(l, corr, le);
+    return corr;
+}
+
+// att_step over the first nv of PRE slots' positions at once (the wide
+// kernels' walk): the scores' dots and shuffles are independent chains,
+// and the softmax rescales once a tile, as att_tile_split does for split
+// lanes. A position at a time, a warp's ~7 positions at 200 were ~4 us of
+// dependent shuffles and exps (NOTES.md item 67).
+template <int DPL, int PRE, typename T>
+__device__ __forceinline__ void att_tile(const float* qv, const T (*kv)[DPL], const T (*vv)[DPL], int nv, int hd,
+                                         int lane, float scale, float softcap, float& m, float& l, float* acc) {
+    float s[PRE];
+#pragma unroll
+    for (int j = 0; j < PRE; j++) {
+        s[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            if (lane + 32 * i < hd) s[j] = __fmaf_rn(qv[i], kv_f(kv[j][i]), s[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < PRE; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+    float e[PRE];
+    float corr = att_tile_softmax<PRE>(s, nv, scale, softcap, m, l, e);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        float a = acc[i] * corr;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) a = j < nv ? __fmaf_rn(e[j], kv_f(vv[j][i]), a) : a;
+        acc[i] = lane + 32 * i < hd ? a : 0.0f;
+    }
+}
+
+// The token's own K and V (for KV head kh: kr its K in the QKV row, its V
+// kvd further) as attention holds a head. (Not two att_row calls: K's and
+// V's loads interleaved are what the one-head kernels were measured with.)
+template <int DPL>
+__device__ __forceinline__ void att_own_rows(const float* kr, int kvd, int hd, int lane, float* okv, float* ovv) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        okv[i] = d < hd ? kr[d] : 0.0f;
+        ovv[i] = d < hd ? kr[kvd + d] : 0.0f;
+    }
+}
+
+// A head's output (lane l: dims l, l + 32, ...) into out, and with xq also
+// as the 8-bit blocks (32 dims each, from block blk0) that the O projection
+// reads, so no quantize_q8 pass runs between (the backend passes xq only
+// when hd % 32 == 0: every block whole, in one warp).
+// Out of line: inlined, it cost the attention kernels 20-30 registers. The
+// values travel by value, not read back from o: that was one more dependent
+// round trip to L2 at the end of every merge.
+template <int DPL>
+struct AttRow {
+    float v[DPL];
+};
+template <int DPL>
+__device__ __noinline__ void att_quant(AttRow<DPL> o, int hd, int lane, i8* xq, float* xqd, float* xqs, u64 blk0) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        if (32 * i < hd) quant_q8_warp(o.v[i], lane, blk0 + i, xq, xqd, xqs);
+}
+
+template <int DPL>
+__device__ __forceinline__ void att_store(float* o, const float* v, int hd, int lane, i8* xq, float* xqd,
+                                          float* xqs, u64 blk0) {
+    AttRow<DPL> r;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) o[d] = v[i];
+        r.v[i] = v[i];
+    }
+    if (xq) att_quant<DPL>(r, hd, lane, xq, xqd, xqs, blk0);
+}
+
+// Slice merge inside a thread-block cluster (sm_90): a (query head, token)
+// pair's S slices are one cluster (grid (S, heads, tokens)), each slice's
+// (M, L, Σ e·v) stays in its block's shared memory and the first block
+// reads the others' through distributed shared memory after a cluster
+// barrier: no partials in global memory, no fence, no atomic counter, no
+// second pass over L2 (those were ~3 dependent round trips per call).
+__device__ __forceinline__ void cluster_sync_all() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The float at `p` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    u32 a = (u32)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+
+// Warp 0's view of its block's warps: their running maxima folded into M,
+// their sums into L, each warp's weight f[w] = exp(m_w - M).
+template <int W>
+__device__ __forceinline__ void att_block_weights(const float* sm, const float* sl, float* f, float& M, float& L) {
+    M = -INFINITY;
+    for (int w = 0; w < W; w++) M = fmaxf(M, sm[w]);
+    L = 0.0f;
+    for (int w = 0; w < W; w++) {
+        f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
+        L = __fmaf_rn(sl[w], f[w], L);
+    }
+}
+
+// The block's Σ e·v for dim d: the warps' sums weighted by f.
+template <int DPL, int W>
+__device__ __forceinline__ float att_block_sum(const float (*sacc)[DPL * 32], const float* f, int d) {
+    float s = 0.0f;
+    for (int w = 0; w < W; w++) s = __fmaf_rn(sacc[w][d], f[w], s);
+    return s;
+}
+
+// The block's slice as (M, L, Σ e·v) at dst (global slot or shared memory).
+template <int DPL, int W>
+__device__ __forceinline__ void att_slice_put(float* dst, const float (*sacc)[DPL * 32], const float* f, float M,
+                                              float L, int hd, int lane) {
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) dst[2 + d] = att_block_sum<DPL, W>(sacc, f, d);
+    }
+    if (lane == 0) {
+        dst[0] = M;
+        dst[1] = L;
+    }
+}
+
+// Merges S slices' (M, L, Σ e·v) — slot k's value at offset o is ld(k, o):
+// M at 0, L at 1, dims from 2 — into os (lane l: dims l, l + 32, ...), S <=
+// 32. Lane k loads slot k's (M, L), each weight exp(M_k - GM) is computed
+// once and passed by shuffles, and the loads of the outputs depend on
+// nothing loaded before them. (Walking the slices with dependent volatile
+// loads was ~12 us of serial L2 round trips per call: attention cost 18-26
+// us a layer.)
+template <int DPL, typename Ld>
+__device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float* os) {
+    float mk = lane < S ? ld(lane, 0) : -INFINITY;
+    float lk = lane < S ? ld(lane, 1) : 0.0f;
+    float GM = warp_max(mk);
+    float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
+    float GL = 0.0f;
+    for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
+    float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) os[i] = 0.0f;
+#pragma unroll 16
+    for (int k = 0; k < S; k++) {
+        float w = __shfl_sync(0xffffffffu, wk, k);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) os[i] = __fmaf_rn(ld(k, 2 + d), w, os[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) os[i] *= invL;
+}
+
+// The end of a CLU attention block: warp g folds the block's warps into
+// head g's slice (M, L, Σ e·v) as the global-memory merge does, warp g of
+// the first block of the cluster merges head g's S slices in the same order
+// with the same arithmetic (so results equal the unclustered split bit for
+// bit), and every block waits until it has been read. All threads of every
+// block call it. ob: the token's output row; xrow: its first value's index
+// (the 8-bit blocks' numbering).
+template <int DPL, int W, int G>
+__device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], const float (*sl)[W],
+                                                        const float (*sacc)[W][DPL * 32], int hd, int S, int sp,
+                                                        int warp, int lane, int h0, int gn, float* ob, u64 xrow,
+                                                        i8* xq, float* xqd, float* xqs) {
+    __shared__ float cp[G][2 + DPL * 32];
+    if (warp < gn) {
+        float M, L, f[W];
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+        att_slice_put<DPL, W>(cp[warp], sacc[warp], f, M, L, hd, lane);
+    }
+    cluster_sync_all();
+    if (sp == 0 && warp < gn) {
+        float os[DPL];
+        const float* c = cp[warp];
+        att_merge<DPL>([&](int k, int off) { return ld_cluster(c + off, k); }, S, hd, lane, os);
+        int h = h0 + warp;
+        att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+    }
+    // The other blocks' shared memory is read: they may exit.
+    cluster_sync_all();
+}
+
+// Grouped blocks (G = 4) walk their positions with the lanes split over the
+// heads: a head's dims over LPH = hd / 8 lanes (hd = 32 DPL: 8 lanes for
+// head dims up to 64, 16 up to 128), so a warp holds HP = 32 / LPH heads at
+// once and takes the block's four in G / HP passes over the same K / V
+// registers. A lane holds 8 dims of a head (two 16-byte words of a float
+// cache, one of f16), word n of lane j being elements E (LPH n + j) .. + E - 1
+// (E per word): the lanes of a head read contiguous bytes. A position's
+// scores then take log2(LPH) shuffles a pass (the passes independent) and a
+// lane computes one exp pair a pass, where a warp holding all four heads
+// (lane l: dims l, l + 32, ...) spent ten shuffles and four heads' exps in
+// series on every position (NOTES.md item 63). The backend takes these
+// kernels for head dims that 8 divides.
+template <int DPL, typename KV>
+struct SplitLanes {
+    static constexpr int LPH = 4 * DPL, HP = 32 / LPH, NP = 4 / HP;
+    static constexpr int E = 16 / (int)sizeof(KV), NV = 8 / E;
+    // The head dim of a lane's element i (0 .. 7).
+    static __device__ __forceinline__ int dim(int j, int i) { return E * (LPH * (i / E) + j) + i % E; }
+};
+// Registers a lane gives the K / V words of the positions it keeps in flight.
+#define ATT_SPLIT_REGS 64
+
+// A lane's words of one position's K and V rows (raw cache elements).
+template <typename KV>
+struct KvWords {
+    static constexpr int NV = 8 * (int)sizeof(KV) / 16;
+    uint4 k[NV], v[NV];
+};
+
+// Word n of lane j's share of the K or V row at `at`; zeros past hd.
+template <int DPL, typename KV>
+__device__ __forceinline__ uint4 kv_word(const KV* c, u64 at, int j, int hd, int n) {
+    using SL = SplitLanes<DPL, KV>;
+    int d = SL::E * (SL::LPH * n + j);
+    return d < hd ? *(const uint4*)(c + at + d) : make_uint4(0, 0, 0, 0);
+}
+
+// Lane j's words of one K or V row at `at`.
+template <int DPL, typename KV, int NV>
+__device__ __forceinline__ void load_kv_half(const KV* c, u64 at, int j, int hd, uint4 (&w)[NV]) {
+#pragma unroll
+    for (int n = 0; n < NV; n++) w[n] = kv_word<DPL>(c, at, j, hd, n);
+}
+
+// Lane j's words of the K and V rows at `at`.
+template <int DPL, typename KV>
+__device__ __forceinline__ void load_kv_words(const KV* kc, const KV* vc, u64 at, int j, int hd, KvWords<KV>& r) {
+#pragma unroll
+    for (int n = 0; n < KvWords<KV>::NV; n++) {
+        r.k[n] = kv_word<DPL>(kc, at, j, hd, n);
+        r.v[n] = kv_word<DPL>(vc, at, j, hd, n);
+    }
+}
+
+// Element i of a lane's words as a float (the last argument picks the
+// cache's element), converted where it is used so that registers hold the
+// raw words (half as many with an f16 cache).
+template <int NV>
+__device__ __forceinline__ float word_at(const uint4 (&w)[NV], int i, const float*) {
+    const uint4& x = w[i >> 2];
+    u32 b = (i & 3) == 0 ? x.x : (i & 3) == 1 ? x.y : (i & 3) == 2 ? x.z : x.w;
+    return __uint_as_float(b);
+}
+template <int NV>
+__device__ __forceinline__ float word_at(const uint4 (&w)[NV], int i, const u16*) {
+    const uint4& x = w[i >> 3];
+    int k = (i >> 1) & 3;
+    u32 b = k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
+    return h2f((u16)((i & 1) ? b >> 16 : b & 0xffffu));
+}
+
+// One position into a lane's NP online softmaxes (one head a pass; q: the
+// lane's 8 dims of each; K, V through k_at / v_at): each score summed over
+// the head's LPH lanes, the passes' chains interleaved.
+template <int LPH, int NP, typename KAt, typename VAt>
+__device__ __forceinline__ void att_step_split(const float (*qf)[8], KAt k_at, VAt v_at, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8]) {
+    float s[NP];
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float s2[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 8; i++) s2[i & 1] = __fmaf_rn(qf[k][i], k_at(i), s2[i & 1]);
+        s[k] = s2[0] + s2[1];
+    }
+#pragma unroll
+    for (int o = 1; o < LPH; o <<= 1)
+#pragma unroll
+        for (int k = 0; k < NP; k++) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float corr, e;
+        att_online(s[k], scale, softcap, m[k], l[k], corr, e);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[k][i] = __fmaf_rn(acc[k][i], corr, __fmul_rn(e, v_at(i)));
+    }
+}
+
+// att_step_split for the position whose words a slot holds.
+template <int LPH, int NP, typename KV>
+__device__ __forceinline__ void att_step_words(const float (*qf)[8], const KvWords<KV>& c, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8]) {
+    att_step_split<LPH, NP>(
+        qf, [&](int i) { return word_at(c.k, i, (const KV*)nullptr); },
+        [&](int i) { return word_at(c.v, i, (const KV*)nullptr); }, scale, softcap, m, l, acc);
+}
+
+// PRE positions at once into a lane's NP online softmaxes, as
+// att_step_split takes one (slot j: words r[j]; the first nv slots count,
+// the others' words reach nothing but selects). The PRE x NP scores' sums
+// and shuffles are independent chains, and the softmax rescales once a
+// tile: one correction exp a pass, then one fused multiply-add per position
+// and dim, where a position at a time paid an exp and a multiply per
+// position and dim, each waiting on the last. The slots' K words are
+// refilled (refill_k(j)) as soon as the scores are taken, their V words
+// (refill_v(j)) once accumulated. Head dims up to 64 only (NOTES.md item 64).
+template <int LPH, int NP, int PRE, typename KV, typename RK, typename RV>
+__device__ __forceinline__ void att_tile_split(const float (*qf)[8], KvWords<KV>* r, int nv, float scale,
+                                               float softcap, float* m, float* l, float (*acc)[8], RK refill_k,
+                                               RV refill_v) {
+    float s[PRE][NP];
+#pragma unroll
+    for (int j = 0; j < PRE; j++)
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            float s2[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                s2[i & 1] = __fmaf_rn(qf[k][i], word_at(r[j].k, i, (const KV*)nullptr), s2[i & 1]);
+            s[j][k] = s2[0] + s2[1];
+        }
+#pragma unroll
+    for (int j = 0; j < PRE; j++) refill_k(j);
+#pragma unroll
+    for (int o = 1; o < LPH; o <<= 1)
+#pragma unroll
+        for (int j = 0; j < PRE; j++)
+#pragma unroll
+            for (int k = 0; k < NP; k++) s[j][k] += __shfl_xor_sync(0xffffffffu, s[j][k], o);
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        float sk[PRE], e[PRE];
+#pragma unroll
+        for (int j = 0; j < PRE; j++) sk[j] = s[j][k];
+        float corr = att_tile_softmax<PRE>(sk, nv, scale, softcap, m[k], l[k], e);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float a = acc[k][i] * corr;
+#pragma unroll
+            for (int j = 0; j < PRE; j++) {
+                float w = word_at(r[j].v, i, (const KV*)nullptr);
+                a = j < nv ? __fmaf_rn(e[j], w, a) : a;
+            }
+            acc[k][i] = a;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PRE; j++) refill_v(j);
+}
+
+// The end of a wide block (attention_impl's WN = W warps, 32 or 16, one
+// slice): lane k of a warp reads warp k's (m, l), and warp i sums dims 32 i
+// .. 32 i + 31 over the W warps (four chains), then stores them and
+// quantizes them as the O projection's 8-bit block blk0 + i. No partials in
+// global memory, no fence, no counter: that chain (the slice's store, a
+// fence, an atomic, the last block's loads of 16 slices) was ~3.5 of a
+// 1B layer's 6.6 us of attention (NOTES.md item 67).
+template <int DPL, int W>
+__device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl, const float (*sacc)[DPL * 32],
+                                               int hd, int warp, int lane, float* o, i8* xq, float* xqd,
+                                               float* xqs, u64 blk0) {
+    static_assert(W <= 32 && W % 4 == 0, "a lane per warp, four chains");
+    if (warp >= DPL || 32 * warp >= hd) return;
+    int d = lane + 32 * warp;
+    float mk = lane < W ? sm[lane] : -INFINITY;
+    float M = warp_max(mk);
+    float fk = mk == -INFINITY ? 0.0f : __expf(mk - M);
+    float L = warp_sum(lane < W ? sl[lane] * fk : 0.0f);
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < W; k++) s[k & 3] = __fmaf_rn(sacc[k][d], __shfl_sync(0xffffffffu, fk, k), s[k & 3]);
+    float v = ((s[0] + s[1]) + (s[2] + s[3])) * (L > 0.0f ? 1.0f / L : 0.0f);
+    if (d < hd) o[d] = v;
+    if (xq) quant_q8_warp(v, lane, blk0 + warp, xq, xqd, xqs);
+}
+
+// FUSED (one token per sequence in the step, causal): qkv_post's work is
+// done here instead. q is then the raw QKV row; every block applies the
+// norm and RoPE to its query heads, the block holding the token's own
+// position computes that position's K (and reads V) from the QKV row rather
+// than the cache, and the first block of each KV group writes both to the
+// cache for later steps. CLU: the slices merge inside a cluster
+// (attention_cluster_merge). L2W: the block also issues its share of an L2
+// window (l2_ahead) for the O projection after it, before its PDL wait.
+// G: query heads a block serves, up to G of one KV group, so each K / V row
+// it loads serves all of them (a block per query head loads the group's
+// rows group times: at long contexts those loads and their round trips are
+// the kernel's time). A larger group splits evenly over ceil(group / G)
+// blocks; a block of fewer heads than G computes copies of its last (never
+// stored). G = 4 blocks walk with split lanes (SplitLanes, 16 warps) and
+// then merge as the one-head kernel does; their sums run in another order,
+// so logits round apart (cuda_check's grouped rows). backend.rs
+// att_head_blocks must agree.
+// WN: warps a block, when not ATT_DEC_WARPS (the wide kernels, one slice,
+// att_wide_merge: 32 for head dims up to 64, 16 up to 128).
+template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0>
+__device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
+                                               int n_heads, int n_kv, int hd, const u32* positions,
+                                               const u32* ends, const u32* rowidx, const u32* tables,
+                                               int tstride, int bs, int nlg, int lig, int window, float scale,
+                                               float softcap, float* out, int ostride, float* part, u32* counters,
+                                               i8* xq, float* xqd, float* xqs, const float* qnw, const float* knw,
+                                               float eps, const float* cosb, const float* sinb, int neox,
+                                               const u8* pfa = nullptr, u64 pfna = 0, const u8* pfb = nullptr,
+                                               u64 pfnb = 0) {
+    constexpr int W = WN > 0 ? WN : ATT_DEC_WARPS(DPL, G);
+    static_assert(W >= G, "a warp per head for the merges");
+    static_assert(WN == 0 || ((WN == 32 || WN == 16) && G == 1 && !CLU), "wide blocks: 32 or 16 warps, one head");
+    __shared__ float sm[G][W], sl[G][W];
+    __shared__ float sacc[G][W][DPL * 32];
+    __shared__ int last;
+    // CLU: grid (S, head blocks, tokens) in clusters of S; else (head
+    // blocks, tokens, S).
+    int hb = CLU ? blockIdx.y : blockIdx.x, t = CLU ? blockIdx.z : blockIdx.y;
+    int S = CLU ? gridDim.x : gridDim.z, sp = CLU ? blockIdx.x : blockIdx.z;
+    int ntok = CLU ? gridDim.z : gridDim.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int group = n_heads / n_kv;
+    // This block's heads: h0 .. h0 + gn - 1 of KV head kh, the sub-th
+    // block of its group.
+    int kh, sub, h0, gn;
+    if (G == 1) {
+        h0 = hb;
+        kh = hb / group;
+        sub = hb % group;
+        gn = 1;
+    } else {
+        int nsub = (group + G - 1) / G, gper = (group + nsub - 1) / nsub;
+        kh = hb / nsub;
+        sub = hb - kh * nsub;
+        h0 = kh * group + sub * gper;
+        gn = min(gper, group - sub * gper);
+    }
+    int kvd = n_kv * hd;
+    u32 pos = positions[t];
+    int end = (int)ends[t];
+    int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
+    if (S > 1) {
+        int len = (end - start + S - 1) / S;
+        int s0 = start + sp * len;
+        end = min(end, s0 + len);
+        start = s0;
+    }
+    const u32* table = tables + (u64)rowidx[t] * tstride;
+    if constexpr (G > 1) {
+        // The split-lane walk (att_step_split); as the one-head walk below
+        // otherwise: its first positions loaded before the PDL wait, PRE in
+        // flight, the token's own position last.
+        using SL = SplitLanes<DPL, KV>;
+        constexpr int LPH = SL::LPH, HP = SL::HP, NP = SL::NP;
+        constexpr int PRE = ATT_SPLIT_REGS / (8 * (int)sizeof(KV) / 2);
+        static_assert(G == 4 && HP * NP == G, "split lanes: four heads");
+        __shared__ float sq[G][DPL * 32], sown[2][DPL * 32];
+        int hs = lane / LPH, jl = lane % LPH;
+        int p0 = start + warp;
+        bool pre[PRE];
+        KvWords<KV> r[PRE];
+        auto row_at = [&](int p) { return kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd; };
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            pre[j] = p < end && p + ntok <= (int)pos;
+            if (pre[j]) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
+        }
+        HeadTables<DPL> ht;
+        if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
+        if (L2W) l2_ahead(L2A_ARGS);
+        PDL_ENTRY();
+        // Warp w < G: head slot w's query row, after qkv_post's work, for
+        // the lanes that take it through sq.
+        if (warp < G) {
+            float qv[DPL];
+            att_row<DPL>(q + (u64)t * qstride + (u64)(h0 + min(warp, gn - 1)) * hd, hd, lane, qv);
+            if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) sq[warp][lane + 32 * i] = qv[i];
+        }
+        // The own warp: the token's K (after qkv_post's work) and V as the
+        // cache holds them, into the cache and for every lane through sown.
+        bool own = FUSED && end == (int)pos + 1;
+        bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
+        if (own_warp) {
+            const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+            float okv[DPL], ovv[DPL];
+            att_own_rows<DPL>(kr, kvd, hd, lane, okv, ovv);
+            head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+            u64 at = row_at((int)pos);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                int d = lane + 32 * i;
+                okv[i] = kv_round<KV>(okv[i]);
+                ovv[i] = kv_round<KV>(ovv[i]);
+                if (sub == 0 && d < hd) {
+                    kv_st((KV*)kc + at + d, okv[i]);
+                    kv_st((KV*)vc + at + d, ovv[i]);
+                }
+                sown[0][d] = okv[i];
+                sown[1][d] = ovv[i];
+            }
+        }
+        __syncthreads();
+        float qf[NP][8], acc[NP][8], m[NP], l[NP];
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                qf[k][i] = sq[k * HP + hs][SL::dim(jl, i)];
+                acc[k][i] = 0.0f;
+            }
+            m[k] = -INFINITY;
+            l[k] = 0.0f;
+        }
+        int lend = own ? end - 1 : end;
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            if (!pre[j] && p < lend) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
+        }
+        if constexpr (DPL > 2) {
+            // Head dims past 64: a position at a time (tiles of 2 or 4 lost 3-4%
+            // at 512-1,024 positions, 8B; NOTES.md item 64).
+            for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+                for (int j = 0; j < PRE; j++) {
+                    int p = b + j * W;
+                    if (p < lend) {
+                        att_step_words<LPH, NP>(qf, r[j], scale, softcap, m, l, acc);
+                        int pn = p + PRE * W;
+                        if (pn < lend) load_kv_words<DPL>(kc, vc, row_at(pn), jl, hd, r[j]);
+                    }
+                }
+            }
+        } else {
+            // Tiles of T slots (att_tile_split).
+            constexpr int T = PRE < 4 ? PRE : 4;
+            for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+                for (int j0 = 0; j0 < PRE; j0 += T) {
+                    int nv = min(T, (lend - b - j0 * W + W - 1) / W);
+                    if (nv <= 0) continue;
+                    if (nv == 1) {
+                        // A warp's last position alone (short slices: often
+                        // its only one); nothing after it to load.
+                        att_step_words<LPH, NP>(qf, r[j0], scale, softcap, m, l, acc);
+                        continue;
+                    }
+                    // The V refill takes its row's offset again (an L1 hit):
+                    // holding the K refills' offsets cost spills.
+                    att_tile_split<LPH, NP, T>(
+                        qf, r + j0, nv, scale, softcap, m, l, acc,
+                        [&](int j) {
+                            int pn = b + (j0 + j + PRE) * W;
+                            if (pn < lend) load_kv_half<DPL>(kc, row_at(pn), jl, hd, r[j0 + j].k);
+                        },
+                        [&](int j) {
+                            int pn = b + (j0 + j + PRE) * W;
+                            if (pn < lend) load_kv_half<DPL>(vc, row_at(pn), jl, hd, r[j0 + j].v);
+                        });
+                }
+            }
+        }
+        if (own_warp)
+            att_step_split<LPH, NP>(
+                qf, [&](int i) { return sown[0][SL::dim(jl, i)]; }, [&](int i) { return sown[1][SL::dim(jl, i)]; },
+                scale, softcap, m, l, acc);
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int g = k * HP + hs;
+            if (jl == 0) {
+                sm[g][warp] = m[k];
+                sl[g][warp] = l[k];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) sacc[g][warp][SL::dim(jl, i)] = acc[k][i];
+        }
+    } else {
+        // Before waiting for the kernels before this one: the step's metadata
+        // and block tables come from the host, and the cache rows of positions
+        // no token of this step writes (this step's tokens of a sequence are
+        // its last n at most) were written by finished steps. So the warp's
+        // first position's K and V are loaded while qkv_post still runs.
+        // Its first PRE positions, in fact (a 16-slice split of a few hundred
+        // positions gives each warp one or two); the loop then keeps PRE
+        // loads in flight (below).
+        constexpr int PRE = DPL > 4 ? 2 : ATT_PRE;
+        int p0 = start + warp;
+        bool pre[PRE];
+        KV k0[PRE][DPL], v0[PRE][DPL];
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            pre[j] = p < end && p + ntok <= (int)pos;
+            if (pre[j]) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+        }
+        HeadTables<DPL> ht;
+        if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
+        if (L2W) l2_ahead(L2A_ARGS);
+        PDL_ENTRY();
+        float qv[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
+        att_row<DPL>(q + (u64)t * qstride + (u64)h0 * hd, hd, lane, qv);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+        // FUSED: the token's own position (the last of the range, so the last
+        // of its warp's) is taken after the loop, from the QKV row, whose K and
+        // V are loaded here with q (one round trip for both).
+        bool own = FUSED && end == (int)pos + 1;
+        bool own_warp = own && (int)pos >= p0 && ((int)pos - p0) % W == 0;
+        float okv[DPL], ovv[DPL];
+        if (own_warp) {
+            const float* kr = q + (u64)t * qstride + n_heads * hd + kh * hd;
+            att_own_rows<DPL>(kr, kvd, hd, lane, okv, ovv);
+        }
+        if (FUSED) head_post<DPL>(qv, qnw != nullptr, ht.qw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+        tl_mark(1);
+        int lend = own ? end - 1 : end;
+        // The warp's positions in order, slot j holding every PRE-th: each slot
+        // is refilled with the position PRE on as soon as it is used, so PRE
+        // round trips overlap instead of one per position in series (V loaded
+        // with K). Slots not filled before the wait (positions this step
+        // writes, with several tokens of a sequence) are filled now.
+#pragma unroll
+        for (int j = 0; j < PRE; j++) {
+            int p = p0 + j * W;
+            if (!pre[j] && p < lend) load_kv_row<DPL>(kc, vc, table, p, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+        }
+        if constexpr (WN > 0) {
+            // Whole tiles of PRE slots (att_tile), refilled after each.
+            for (int b = p0; b < lend; b += PRE * W) {
+                // Tiles of two where that covers the warp's positions: a
+                // short context's one or two (below 2 W) pay no masked slots.
+                int nv = min(PRE, (lend - b + W - 1) / W);
+                if (nv > 2)
+                    att_tile<DPL, PRE>(qv, k0, v0, nv, hd, lane, scale, softcap, m, l, acc);
+                else
+                    att_tile<DPL, 2>(qv, k0, v0, nv, hd, lane, scale, softcap, m, l, acc);
+#pragma unroll
+                for (int j = 0; j < PRE; j++) {
+                    int pn = b + (j + PRE) * W;
+                    if (pn < lend)
+                        load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                }
+            }
+        } else {
+            for (int b = p0; b < lend; b += PRE * W) {
+#pragma unroll
+                for (int j = 0; j < PRE; j++) {
+                    int p = b + j * W;
+                    if (p < lend) {
+                        att_step<DPL>(qv, k0[j], v0[j], hd, lane, scale, softcap, m, l, acc);
+                        int pn = p + PRE * W;
+                        if (pn < lend)
+                            load_kv_row<DPL>(kc, vc, table, pn, bs, nlg, lig, kvd, kh, hd, lane, k0[j], v0[j]);
+                    }
+                }
+            }
+        }
+        if (own_warp) {
+            head_post<DPL>(okv, knw != nullptr, ht.kw, eps, cosb != nullptr, neox, ht.c, ht.s, lane);
+            // As the cache holds them: what the unfused path reads back.
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                okv[i] = kv_round<KV>(okv[i]);
+                ovv[i] = kv_round<KV>(ovv[i]);
+            }
+            if (sub == 0) {
+                u64 at = kv_row(table, pos, bs, nlg, lig, kvd) + (u64)kh * hd;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hd) {
+                        kv_st((KV*)kc + at + d, okv[i]);
+                        kv_st((KV*)vc + at + d, ovv[i]);
+                    }
+                }
+            }
+            att_step<DPL>(qv, okv, ovv, hd, lane, scale, softcap, m, l, acc);
+        }
+        if (lane == 0) {
+            sm[0][warp] = m;
+            sl[0][warp] = l;
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) sacc[0][warp][lane + 32 * i] = acc[i];
+        tl_mark(2);
+    }
+    __syncthreads();
+    float* ob = out + (u64)t * ostride;
+    u64 xrow = (u64)t * ostride;
+    if (CLU) {
+        attention_cluster_merge<DPL, W, G>(sm, sl, sacc, hd, S, sp, warp, lane, h0, gn, ob, xrow, xq, xqd, xqs);
+        return;
+    }
+    if constexpr (WN > 0) {
+        // One slice (the host launches a wide grid with gridDim.z = 1).
+        att_wide_merge<DPL, W>(sm[0], sl[0], sacc[0], hd, warp, lane, ob + (u64)h0 * hd, xq, xqd, xqs,
+                               (xrow + (u64)h0 * hd) >> 5);
+        tl_mark(4);
+        return;
+    }
+    // Warp g takes head h0 + g from here on (one head: warp 0 alone, no
+    // block barrier).
+    if (G == 1 && warp != 0) return;
+    int h = h0 + warp;
+    if (S == 1) {
+        if (warp >= gn) return;
+        float M, L, f[W];
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+        float invL = L > 0.0f ? 1.0f / L : 0.0f;
+        float ov[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int d = lane + 32 * i;
+            ov[i] = (d < hd ? att_block_sum<DPL, W>(sacc[warp], f, d) : 0.0f) * invL;
+        }
+        att_store<DPL>(ob + (u64)h * hd, ov, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+        return;
+    }
+    // Partial (M, L, Σ e·v) of this slice for each head; the slices of a
+    // (token, head) pair are contiguous. One counter a block, at its first
+    // head's pair.
+    u64 pair0 = (u64)t * n_heads + h0;
+    if (warp < gn) {
+        float M, L, f[W];
+        att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+        att_slice_put<DPL, W>(part + ((pair0 + warp) * S + sp) * (hd + 2), sacc[warp], f, M, L, hd, lane);
+        fence_acq_rel_gpu();
+    }
+    if (G > 1) __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + pair0, 1u) == (u32)(S - 1);
+    if (G > 1)
+        __syncthreads();
+    else
+        __syncwarp();
+    tl_mark(3);
+    if (!last || warp >= gn) return;
+    fence_acq_rel_gpu();
+    // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
+    const float* base = part + (pair0 + warp) * S * (hd + 2);
+    float os[DPL];
+    att_merge<DPL>([&](int k, int off) { return __ldcg(base + k * (hd + 2) + off); }, S, hd, lane, os);
+    att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+    tl_mark(4);
+    // Every slice has counted: ready for the next launch.
+    if (threadIdx.x == 0) counters[pair0] = 0;
+}
+
+// Head dims up to 32 * DPL (the backend picks the smallest): registers
+// sized for the head, not for 256. D: attention_d* (or, CLU, attention_cd*:
+// the slices of a (head, token) pair merged inside a cluster, grid (S, heads,
+// tokens) in clusters of S >= 2); F: the same doing qkv_post's work.
+// The fused (F) kernels' parameters, and the same names passed on to
+// attention_impl; the window versions (FL) take L2A_PARAMS after them.
+#define ATT_F_PARAMS(KV)                                                                               \
+    const float *q, int qstride, KV *kc, KV *vc, int n_heads, int n_kv, int hd, const u32 *positions,   \
+        const u32 *ends, const u32 *rowidx, const u32 *tables, int tstride, int bs, int nlg, int lig,  \
+        int window, float scale, float softcap, float *out, int ostride, float *part, u32 *counters,   \
+        i8 *xq, float *xqd, float *xqs, const float *qnw, const float *knw, float eps, const float *cosb, \
+        const float *sinb, int neox
+#define ATT_F_ARGS                                                                                     \
+    q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, tstride, bs, nlg, lig, window, \
+        scale, softcap, out, ostride, part, counters, xq, xqd, xqs, qnw, knw, eps, cosb, sinb, neox
+// Launch bounds by G and DPL: the grouped kernels' 512 threads need one
+// (registers); one-head blocks of 8 warps (DPL 2) must stay at 64 registers
+// so that 4 blocks an SM hold a one-sequence step's 512 in one wave (at 69,
+// the window kernel's 3 an SM cost 1B bf16 3.5% at tg256); the others had
+// none.
+#define ATT_LB_1_2 __launch_bounds__(32 * 8, 4)
+#define ATT_LB_1_4
+#define ATT_LB_1_8
+#define ATT_LB_4_2 __launch_bounds__(32 * 16)
+#define ATT_LB_4_4 __launch_bounds__(32 * 16)
+#define ATTENTION(D, F, DPL, CLU, KV, G)                                                               \
+    extern "C" __global__ void ATT_LB_##G##_##DPL D(                        \
+        const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,        \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
+        int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
+        u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
+        attention_impl<KV, DPL, false, CLU, false, G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, \
+                                                      rowidx, tables, tstride, bs, nlg, lig, window, scale, \
+                                                      softcap, out, ostride, part, counters, xq, xqd, xqs, 0, \
+                                                      0, 0.0f, 0, 0, 0);                                \
+    }                                                                                                  \
+    extern "C" __global__ void ATT_LB_##G##_##DPL F(ATT_F_PARAMS(KV)) {       \
+        attention_impl<KV, DPL, true, CLU, false, G>(ATT_F_ARGS);                                      \
+    }
+ATTENTION(attention_d2, attention_f2, 2, false, float, 1)
+ATTENTION(attention_d4, attention_f4, 4, false, float, 1)
+ATTENTION(attention_d8, attention_f8, 8, false, float, 1)
+ATTENTION(attention_cd4, attention_cf4, 4, true, float, 1)
+// Four query heads a block (G = 4), for long contexts (backend.rs AttReach).
+ATTENTION(attention_dg2, attention_fg2, 2, false, float, 4)
+ATTENTION(attention_dg4, attention_fg4, 4, false, float, 4)
+// The same over an f16 cache (`_h`).
+ATTENTION(attention_d2_h, attention_f2_h, 2, false, u16, 1)
+ATTENTION(attention_d4_h, attention_f4_h, 4, false, u16, 1)
+ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16, 1)
+ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16, 1)
+ATTENTION(attention_dg2_h, attention_fg2_h, 2, false, u16, 4)
+ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
+
+// One block of WN warps a (query head, token) and no slices, for steps whose
+// positions are all short (backend.rs AttReach::Wide): each warp walks every
+// WN-th position, and the block merges its warps in shared memory
+// (att_wide_merge). Fused only, and with an L2 window (FL). Head dims up to
+// 64: 32 warps at 64 registers, as the one-head blocks of 8 warps; up to
+// 128: 16 warps, 128 registers (DPL 4's rows do not fit 64).
+#define ATTENTION_WIDE(F, FL, KV, DPL, WN)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WN, 1) F(ATT_F_PARAMS(KV)) {                    \
+        attention_impl<KV, DPL, true, false, false, 1, WN>(ATT_F_ARGS);                                \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * WN, 1) FL(ATT_F_PARAMS(KV), L2A_PARAMS) {       \
+        attention_impl<KV, DPL, true, false, true, 1, WN>(ATT_F_ARGS, L2A_ARGS);                       \
+    }
+ATTENTION_WIDE(attention_fw2, attention_flw2, float, 2, 32)
+ATTENTION_WIDE(attention_fw2_h, attention_flw2_h, u16, 2, 32)
+ATTENTION_WIDE(attention_fw4, attention_flw4, float, 4, 16)
+ATTENTION_WIDE(attention_fw4_h, attention_flw4_h, u16, 4, 16)
+
+// The F kernels with an L2 window (l2_ahead), for layers whose O projection
+// reads float weights (the backend's AheadPlan); their own kernels so that
+// the others keep their code as it was.
+#define ATTENTION_L2W(FL, DPL, CLU, KV, G)                                                             \
+    extern "C" __global__ void ATT_LB_##G##_##DPL FL(ATT_F_PARAMS(KV), L2A_PARAMS) { \
+        attention_impl<KV, DPL, true, CLU, true, G>(ATT_F_ARGS, L2A_ARGS);                             \
+    }
+ATTENTION_L2W(attention_fl2, 2, false, float, 1)
+ATTENTION_L2W(attention_fl4, 4, false, float, 1)
+ATTENTION_L2W(attention_cfl4, 4, true, float, 1)
+ATTENTION_L2W(attention_flg2, 2, false, float, 4)
+ATTENTION_L2W(attention_flg4, 4, false, float, 4)
+ATTENTION_L2W(attention_fl2_h, 2, false, u16, 1)
+ATTENTION_L2W(attention_fl4_h, 4, false, u16, 1)
+ATTENTION_L2W(attention_cfl4_h, 4, true, u16, 1)
+ATTENTION_L2W(attention_flg2_h, 2, false, u16, 4)
+ATTENTION_L2W(attention_flg4_h, 4, false, u16, 4)
+
+// Prefill attention sharing each K/V load among the G query heads of a
+// GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).
+// Each warp walks a strided share of the positions, keeps G online softmaxes,
+// and the warps' partial results are merged at the end. Same arguments and
+// arithmetic per head as `attention` (which reads K/V once per query head).
+template <int G, typename KV>
+__device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, const KV* kc,
+                                                   const KV* vc, int n_heads, int n_kv, int hd,
+                                                   const u32* positions, const u32* ends,
+                                                   const u32* rowidx, const u32* tables, int tstride,
+                                                   int bs, int nlg, int lig, int window, float scale,
+                                                   float softcap, float* out, int ostride) {
+    __shared__ float sm[ATT_WARPS][G], sl[ATT_WARPS][G];
+    __shared__ float sacc[ATT_WARPS][G][ATT_DPL * 32];
+    int kh = blockIdx.x, t = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvd = n_kv * hd;
+    u32 pos = positions[t];
+    int end = (int)ends[t];
+    int start = window > 0 ? max(0, (int)pos + 1 - window) : 0;
+    const u32* table = tables + (u64)rowidx[t] * tstride;
+    float qv[G][ATT_DPL], acc[G][ATT_DPL], m[G], l[G];
+    att_heads_init<G, ATT_DPL>([&](int g) { return q + (u64)t * qstride + (kh * G + g) * hd; }, hd, lane, qv, acc, m,
+                               l);
+    for (int p = start + warp; p < end; p += ATT_WARPS) {
+        u64 at = kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd;
+        const KV* kp = kc + at;
+        const KV* vp = vc + at;
+        float kx[ATT_DPL], vx[ATT_DPL];
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            kx[i] = d < hd ? kv_ld(kp + d) : 0.0f;
+            vx[i] = d < hd ? kv_ld(vp + d) : 0.0f;
+        }
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) a += qv[g][i] * kx[i];
+            s[g] = a;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float corr, e;
+            att_online(s[g], scale, softcap, m[g], l[g], corr, e);
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) acc[g][i] = acc[g][i] * corr + e * vx[i];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            sm[warp][g] = m[g];
+            sl[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) sacc[warp][g][lane + 32 * i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.0f;
+        float f[ATT_WARPS];
+        for (int w = 0; w < ATT_WARPS; w++) {
+            f[w] = sm[w][g] == -INFINITY ? 0.0f : __expf(sm[w][g] - M);
+            L += sl[w][g] * f[w];
+        }
+        float invL = L > 0.0f ? 1.0f / L : 0.0f;
+        float* o = out + (u64)t * ostride + (kh * G + g) * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) {
+                float s = 0.0f;
+                for (int w = 0; w < ATT_WARPS; w++) s += sacc[w][g][d] * f[w];
+                o[d] = s * invL;
+            }
+        }
+    }
+}
+
+#define ATT_GQA(NAME, G, KV)                                                                          \
+    extern "C" __global__ void NAME(                                                                  \
+        const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,       \
+        const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride,     \
+        int bs, int nlg, int lig, int window, float scale, float softcap, float* out, int ostride) {  \
+        PDL_ENTRY();                                                                                  \
+        attention_gqa_impl<G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
+                              tstride, bs, nlg, lig, window, scale, softcap, out, ostride);           \
+    }
+
+ATT_GQA(attention_g2, 2, float)
+ATT_GQA(attention_g4, 4, float)
+ATT_GQA(attention_g8, 8, float)
+ATT_GQA(attention_g2_h, 2, u16)
+ATT_GQA(attention_g4_h, 4, u16)
+ATT_GQA(attention_g8_h, 8, u16)
+
+// Prefill attention for a batch of ONE sequence: a block takes one KV head
+// and 32 / G consecutive tokens (32 query rows: token-major, the G heads of
+// the group within), and walks the union of their visible positions in
+// chunks of 32 keys staged in shared memory (K, then V in the same buffer),
+// so each K/V element is read once per tile instead of once per token.
+// Row r is handled by warp r % 4; in the score phase lane j takes key j, in
+// the value phase lane l takes dimensions l, l + 32, ... (hd <= 128,
+// hd % 4 == 0).
+// grid: (n_kv, ceil(n / (32 / G))); block: 128.
+#define AT_ROWS 32
+#define AT_KC 32
+#define AT_HD 128
+#define AT_KS (AT_HD + 4)
+#define AT_RPW (AT_ROWS / 4)
+template <typename KV>
+__device__ __forceinline__ void attention_tile_impl(const float* q, int qstride, const KV* kc, const KV* vc,
+                                                    int n, int n_kv, int hd, int G, const u32* positions,
+                                                    const u32* ends, const u32* rowidx, const u32* tables,
+                                                    int tstride, int bs, int nlg, int lig, int window,
+                                                    float scale, float softcap, float* out, int ostride) {
+    PDL_ENTRY();
+    // q rows at stride AT_HD; K/V rows at stride AT_KS (16-byte aligned, and
+    // lanes reading float4s of different rows hit different banks).
+    __shared__ float4 qs4[AT_ROWS * AT_HD / 4];
+    __shared__ float4 kvs4[AT_KC * AT_KS / 4];
+    __shared__ int s_lo, s_hi;
+    float* qs = (float*)qs4;
+    float* kvs = (float*)kvs4;
+    int kh = blockIdx.x;
+    int tq = AT_ROWS / G;
+    int t0 = blockIdx.y * tq;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvd = n_kv * hd;
+    int hd4 = hd >> 2;
+    const u32* table = tables + (u64)rowidx[t0] * tstride;
+    for (int idx = threadIdx.x; idx < AT_ROWS * hd; idx += blockDim.x) {
+        int r = idx / hd, d = idx % hd;
+        int t = t0 + r / G;
+        qs[r * AT_HD + d] = t < n ? q[(u64)t * qstride + (kh * G + r % G) * hd + d] : 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        int lo = 0x7fffffff, hi = 0;
+        for (int k = 0; k < tq && t0 + k < n; k++) {
+            int pos = (int)positions[t0 + k];
+            int st = window > 0 ? max(0, pos + 1 - window) : 0;
+            lo = min(lo, st);
+            hi = max(hi, (int)ends[t0 + k]);
+        }
+        s_lo = lo;
+        s_hi = hi;
+    }
+    __syncthreads();
+    int lo = s_lo, hi = s_hi;
+    int rst[AT_RPW], ren[AT_RPW];
+    float m[AT_RPW], l[AT_RPW], acc[AT_RPW][AT_HD / 32];
+#pragma unroll
+    for (int k = 0; k < AT_RPW; k++) {
+        int r = warp + 4 * k;
+        int t = t0 + r / G;
+        if (t < n) {
+            int pos = (int)positions[t];
+            rst[k] = window > 0 ? max(0, pos + 1 - window) : 0;
+            ren[k] = (int)ends[t];
+        } else {
+            rst[k] = 0;
+            ren[k] = 0;
+        }
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < AT_HD / 32; i++) acc[k][i] = 0.0f;
+    }
+    for (int c0 = lo; c0 < hi; c0 += AT_KC) {
+        // K chunk.
+        for (int idx = threadIdx.x; idx < AT_KC * hd; idx += blockDim.x) {
+            int j = idx / hd, d = idx % hd;
+            int p = c0 + j;
+            float v = 0.0f;
+            if (p < hi) v = kv_ld(kc + kv_row(table, p, bs, nlg, lig, kvd) + (u64)kh * hd + d);
+            kvs[j * AT_KS + d] = v;
+        }
+        __syncthreads();
+        // Scores: lane j takes key c0 + j for all of the warp's rows (one K
+        // float4 serves AT_RPW rows; q float4s are broadcasts).
+        float sc[AT_RPW];
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) sc[k] = 0.0f;
+        const float4* kr = kvs4 + lane * (AT_KS / 4);
+        for (int d4 = 0; d4 < hd4; d4++) {
+            float4 kv = kr[d4];
+#pragma unroll
+            for (int k = 0; k < AT_RPW; k++) {
+                float4 qq = qs4[(warp + 4 * k) * (AT_HD / 4) + d4];
+                sc[k] += qq.x * kv.x + qq.y * kv.y + qq.z * kv.z + qq.w * kv.w;
+            }
+        }
+        float pr[AT_RPW];
+        float corr[AT_RPW];
+        int p = c0 + lane;
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) {
+            bool ok = p >= rst[k] && p < ren[k];
+            float s = -INFINITY;
+            if (ok) {
+                s = sc[k] * scale;
+                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+            }
+            float mx = warp_max(s);
+            float mn = fmaxf(m[k], mx);
+            if (mn == -INFINITY) {
+                pr[k] = 0.0f;
+                corr[k] = 1.0f;
+            } else {
+                pr[k] = ok ? __expf(s - mn) : 0.0f;
+                corr[k] = __expf(m[k] - mn);
+                l[k] = l[k] * corr[k] + warp_sum(pr[k]);
+                m[k] = mn;
+            }
+        }
+        __syncthreads();
+        // V chunk, into the same buffer.
+        for (int idx = threadIdx.x; idx < AT_KC * hd; idx += blockDim.x) {
+            int j = idx / hd, d = idx % hd;
+            int pp = c0 + j;
+            float v = 0.0f;
+            if (pp < hi) v = kv_ld(vc + kv_row(table, pp, bs, nlg, lig, kvd) + (u64)kh * hd + d);
+            kvs[j * AT_KS + d] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < AT_RPW; k++) {
+#pragma unroll
+            for (int i = 0; i < AT_HD / 32; i++) acc[k][i] *= corr[k];
+        }
+        for (int j = 0; j < AT_KC; j++) {
+            float v[AT_HD / 32];
+#pragma unroll
+            for (int i = 0; i < AT_HD / 32; i++) {
+                int d = lane + 32 * i;
+                v[i] = d < hd ? kvs[j * AT_KS + d] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < AT_RPW; k++) {
+                float pj = __shfl_sync(0xffffffffu, pr[k], j);
+#pragma unroll
+                for (int i = 0; i < AT_HD / 32; i++) acc[k][i] += pj * v[i];
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < AT_RPW; k++) {
+        int r = warp + 4 * k;
+        int t = t0 + r / G;
+        if (t >= n) continue;
+        float invL = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+        float* o = out + (u64)t * ostride + (kh * G + r % G) * hd;
+#pragma unroll
+        for (int i = 0; i < AT_HD / 32; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) o[d] = acc[k][i] * invL;
+        }
+    }
+}
+#define ATT_TILE(NAME, KV)                                                                             \
+    extern "C" __global__ void NAME(const float* q, int qstride, const KV* kc, const KV* vc, int n, int n_kv, \
+                                    int hd, int G, const u32* positions, const u32* ends, const u32* rowidx, \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, int window, \
+                                    float scale, float softcap, float* out, int ostride) {             \
+        attention_tile_impl<KV>(q, qstride, kc, vc, n, n_kv, hd, G, positions, ends, rowidx, tables,   \
+                                tstride, bs, nlg, lig, window, scale, softcap, out, ostride);          \
+    }
+ATT_TILE(attention_tile, float)
+ATT_TILE(attention_tile_h, u16)
+
+// One sequence's cached K and V for positions 0..L-1 of layer slot `lig`
+// (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
+// attention. grid-stride; block: 256.
+// (From an f16 cache, `gather_kv_half_h`, the values are copied as they are.)
+template <typename KV>
+__device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                               const u32* rowidx, const u32* tables, int tstride, int bs,
+                                               int nlg, int lig, int L, int kvd, u16* __restrict__ kh,
+                                               u16* __restrict__ vh) {
+    PDL_ENTRY();
+    const u32* table = tables + (u64)rowidx[0] * tstride;
+    u64 total = (u64)L * kvd;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        u64 p = i / kvd, e = i % kvd;
+        u64 at = kv_row(table, p, bs, nlg, lig, kvd) + e;
+        kh[i] = f2half(kv_ld(kc + at), 0);
+        vh[i] = f2half(kv_ld(vc + at), 0);
+    }
+}
+#define GATHER_KV(NAME, KV)                                                                            \
+    extern "C" __global__ void NAME(const KV* __restrict__ kc, const KV* __restrict__ vc, const u32* rowidx, \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, int L, int kvd, \
+                                    u16* __restrict__ kh, u16* __restrict__ vh) {                      \
+        gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, L, kvd, kh, vh);             \
+    }
+GATHER_KV(gather_kv_half, float)
+GATHER_KV(gather_kv_half_h, u16)
