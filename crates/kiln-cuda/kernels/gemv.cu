@@ -158,11 +158,15 @@ __device__ __forceinline__ float rms_val(float v, float finv, float w) { return 
 // block's sum of squares, then the division) is off the path to the first
 // dot products. A grid of what fits resident, each warp taking rows r, r +
 // rstep, ..., the next row's first loads issued before this one's reduction.
-template <int T>
+// POST (post-norm layers, Gemma 3): x is first x + post_norm(yp; pw), as
+// add_norm would have made it (post_add's roundings; y's f64 sum of squares
+// in this block's order, not add_norm's), written to xo by block 0.
+template <int T, bool POST = false>
 __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const float* __restrict__ x, float* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ nw,
-                                          float eps) {
+                                          float eps, const float* __restrict__ yp = nullptr,
+                                          const float* __restrict__ pw = nullptr, float* __restrict__ xo = nullptr) {
     __shared__ float4 sx[AN_THREADS * AN_V / 4];
     __shared__ double part[32];
     constexpr int E = T == T_F32 ? 4 : 8;
@@ -188,12 +192,58 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
         int i = threadIdx.x + k * blockDim.x;
         if (i < cols / 4) gs[k] = __ldg((const float4*)nw + i);
     }
+    // POST: the post-norm's weights (also a load-time table) and then y go
+    // to shared memory, each thread copying the float4s it uses (sx holds y
+    // until this thread overwrites its own values with x * w), so the
+    // staging takes no registers beyond x's.
+    __shared__ float4 spw[POST ? AN_THREADS * AN_V / 4 : 1];
+    if constexpr (POST) {
+#pragma unroll
+        for (int k = 0; k < SV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < cols / 4) cp_async16(smem_u32(spw + i), (const float4*)pw + i);
+        }
+        cp_async_commit();
+    }
     PDL_ENTRY();
+    if constexpr (POST) {
+#pragma unroll
+        for (int k = 0; k < SV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < cols / 4) cp_async16(smem_u32(sx + i), (const float4*)yp + i);
+        }
+        cp_async_commit();
+    }
     float4 xs[SV];
 #pragma unroll
     for (int k = 0; k < SV; k++) {
         int i = threadIdx.x + k * blockDim.x;
         xs[k] = i < cols / 4 ? __ldg((const float4*)x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if constexpr (POST) {
+        cp_async_wait<0>();
+        double ysq = 0.0;
+#pragma unroll
+        for (int k = 0; k < SV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            float4 v = i < cols / 4 ? sx[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            ysq += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+        ysq = warp_sum_d(ysq);
+        if (lane == 0) part[warp] = ysq;
+        __syncthreads();
+        // Its barrier after thread 0's read frees `part` for x's sum below.
+        float pinv = (float)parts_inv_rms(part, blockDim.x >> 5, cols, eps);
+#pragma unroll
+        for (int k = 0; k < SV; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < cols / 4) {
+                float4 v = sx[i], w = spw[i];
+                xs[k] = make_float4(post_add(xs[k].x, v.x, pinv, w.x), post_add(xs[k].y, v.y, pinv, w.y),
+                                    post_add(xs[k].z, v.z, pinv, w.z), post_add(xs[k].w, v.w, pinv, w.w));
+                if (blockIdx.x == 0) ((float4*)xo)[i] = xs[k];
+            }
+        }
     }
     double ssq = 0.0;
 #pragma unroll
@@ -234,7 +284,9 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     tl_mark(2);
 }
 
-// mvf_* and its fused-norm (mvfn_*) and residual (mvfr_*) versions.
+// mvf_* and its fused-norm (mvfn_*, mvfnq_* behind a post-norm) and residual
+// (mvfr_*) versions. mvfnq takes 83 registers, three blocks an SM; held to
+// four (64, spilling 48 bytes) Gemma-3-1B bf16 lost its gain (NOTES.md item 83).
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
@@ -248,6 +300,12 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     extern "C" __global__ void mvfr_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
                                             const float* x, float* y, const float* bias) {          \
         mvf_impl<T, true>(W, row_bytes, rows, cols, x, y, bias);                                    \
+    }                                                                                              \
+    extern "C" __global__ void mvfnq_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,        \
+                                             const float* x, float* y, const float* bias,           \
+                                             const float* nw, float eps, const float* yp,           \
+                                             const float* pw, float* xo) {                          \
+        mvfn_impl<T, true>(W, row_bytes, rows, cols, x, y, bias, nw, eps, yp, pw, xo);              \
     }
 
 MVF(f32, T_F32)

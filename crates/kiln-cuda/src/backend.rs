@@ -1055,8 +1055,10 @@ struct Kernels {
     mvqpnq: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     mvqsgq: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqpgq: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
-    /// The same for float weights (`mvfn_*`, `mvfr_*`), indexed as `mvf`.
+    /// The same for float weights (`mvfn_*`, `mvfr_*`; `mvfnq_*` behind a
+    /// post-norm), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvfnq: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
@@ -1148,6 +1150,7 @@ impl Kernels {
         let mut mvqsgq = vec![None; 64];
         let mut mvqpgq = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
+        let mut mvfnq = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
@@ -1160,6 +1163,7 @@ impl Kernels {
             if let Some(n) = mvf_type_name(ty) {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
                 mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
+                mvfnq[id] = Some(gpu.func(&format!("mvfnq_{n}"))?);
                 mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
@@ -1270,6 +1274,7 @@ impl Kernels {
             mvqsgq,
             mvqpgq,
             mvfn,
+            mvfnq,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
@@ -2735,11 +2740,10 @@ impl CudaBackend {
     ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
         let (streaming, preload, float) = match fuse {
             Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf)),
-            // No float version of the post-norm staging: add_norm stays.
             Fuse::Norm { post, .. } if post.is_some() => (
                 &self.k.mvqsnq,
                 Some((&self.k.mvqpnq, FusedLaunch::Staged)),
-                None,
+                Some(&self.k.mvfnq),
             ),
             Fuse::NormGlu { post, .. } if post.is_some() => (
                 &self.k.mvqsgq,
