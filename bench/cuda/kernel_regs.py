@@ -16,7 +16,10 @@ import re
 import site
 import sys
 
-ORDER = ["common.cu", "quant.cu", "repack.cu", "matmul.cu", "gemv.cu", "mmq.cu", "ops.cu", "attention.cu", "flash.cu"]
+ORDER = [
+    "common.cu", "quant.cu", "repack.cu", "mm.cu", "matmul.cu", "gemv.cu", "mmq.cu", "ops.cu",
+    "attention.cu", "attention_f32.cu", "attention_f16.cu", "flash.cu",
+]
 
 
 def nvrtc_dir():

@@ -1,4 +1,6 @@
-// The attention kernels over the paged K/V cache: the QKV product's
+// The attention kernels over the paged K/V cache, as templates and the
+// macros that instantiate them (attention_f32.cu, attention_f16.cu: one
+// module each, so the two K/V types compile in parallel): the QKV product's
 // epilogue (qkv_post: RoPE, QK-norm, the cache write), decode attention
 // (split, clustered, grouped, wide and tiled walks), and the cache gather
 // for prefill's GEMM attention.
@@ -128,8 +130,6 @@ __device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_head
         qkv_post_impl<KV>(qkv, stride, n_heads, n_kv, hd, qnw, knw, eps, cosb, sinb, rope_dim, neox,   \
                           positions, rowidx, tables, tstride, bs, nlg, lig, kc, vc);                   \
     }
-QKV_POST(qkv_post, float)
-QKV_POST(qkv_post_h, u16)
 
 // Attention for one (query head, token) per block (grid: (n_heads, n, S); block: 128).
 // Each warp walks a strided share of the visible positions with an online
@@ -1123,20 +1123,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     extern "C" __global__ void ATT_LB_##G##_##DPL F(ATT_F_PARAMS(KV)) {       \
         attention_impl<KV, DPL, true, CLU, false, G>(ATT_F_ARGS);                                      \
     }
-ATTENTION(attention_d2, attention_f2, 2, false, float, 1)
-ATTENTION(attention_d4, attention_f4, 4, false, float, 1)
-ATTENTION(attention_d8, attention_f8, 8, false, float, 1)
-ATTENTION(attention_cd4, attention_cf4, 4, true, float, 1)
 // Four query heads a block (G = 4), for long contexts (backend.rs AttReach).
-ATTENTION(attention_dg2, attention_fg2, 2, false, float, 4)
-ATTENTION(attention_dg4, attention_fg4, 4, false, float, 4)
 // The same over an f16 cache (`_h`).
-ATTENTION(attention_d2_h, attention_f2_h, 2, false, u16, 1)
-ATTENTION(attention_d4_h, attention_f4_h, 4, false, u16, 1)
-ATTENTION(attention_d8_h, attention_f8_h, 8, false, u16, 1)
-ATTENTION(attention_cd4_h, attention_cf4_h, 4, true, u16, 1)
-ATTENTION(attention_dg2_h, attention_fg2_h, 2, false, u16, 4)
-ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
 
 // One block of WN warps a (query head, token) and no slices, for steps whose
 // positions are all short (backend.rs AttReach::Wide): each warp walks every
@@ -1151,10 +1139,6 @@ ATTENTION(attention_dg4_h, attention_fg4_h, 4, false, u16, 4)
     extern "C" __global__ void __launch_bounds__(32 * WN, 1) FL(ATT_F_PARAMS(KV), L2A_PARAMS) {       \
         attention_impl<KV, DPL, true, false, true, 1, WN>(ATT_F_ARGS, L2A_ARGS);                       \
     }
-ATTENTION_WIDE(attention_fw2, attention_flw2, float, 2, 32)
-ATTENTION_WIDE(attention_fw2_h, attention_flw2_h, u16, 2, 32)
-ATTENTION_WIDE(attention_fw4, attention_flw4, float, 4, 16)
-ATTENTION_WIDE(attention_fw4_h, attention_flw4_h, u16, 4, 16)
 
 // The F kernels with an L2 window (l2_ahead), for layers whose O projection
 // reads float weights (the backend's AheadPlan); their own kernels so that
@@ -1163,16 +1147,6 @@ ATTENTION_WIDE(attention_fw4_h, attention_flw4_h, u16, 4, 16)
     extern "C" __global__ void ATT_LB_##G##_##DPL FL(ATT_F_PARAMS(KV), L2A_PARAMS) { \
         attention_impl<KV, DPL, true, CLU, true, G>(ATT_F_ARGS, L2A_ARGS);                             \
     }
-ATTENTION_L2W(attention_fl2, 2, false, float, 1)
-ATTENTION_L2W(attention_fl4, 4, false, float, 1)
-ATTENTION_L2W(attention_cfl4, 4, true, float, 1)
-ATTENTION_L2W(attention_flg2, 2, false, float, 4)
-ATTENTION_L2W(attention_flg4, 4, false, float, 4)
-ATTENTION_L2W(attention_fl2_h, 2, false, u16, 1)
-ATTENTION_L2W(attention_fl4_h, 4, false, u16, 1)
-ATTENTION_L2W(attention_cfl4_h, 4, true, u16, 1)
-ATTENTION_L2W(attention_flg2_h, 2, false, u16, 4)
-ATTENTION_L2W(attention_flg4_h, 4, false, u16, 4)
 
 // Prefill attention sharing each K/V load among the G query heads of a
 // GQA group: one (KV head, token) per block (grid: (n_kv, n); block: 128).
@@ -1272,13 +1246,6 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
         attention_gqa_impl<G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, rowidx, tables, \
                               tstride, bs, nlg, lig, window, scale, softcap, out, ostride);           \
     }
-
-ATT_GQA(attention_g2, 2, float)
-ATT_GQA(attention_g4, 4, float)
-ATT_GQA(attention_g8, 8, float)
-ATT_GQA(attention_g2_h, 2, u16)
-ATT_GQA(attention_g4_h, 4, u16)
-ATT_GQA(attention_g8_h, 8, u16)
 
 // Prefill attention for a batch of ONE sequence: a block takes one KV head
 // and 32 / G consecutive tokens (32 query rows: token-major, the G heads of
@@ -1452,8 +1419,6 @@ __device__ __forceinline__ void attention_tile_impl(const float* q, int qstride,
         attention_tile_impl<KV>(q, qstride, kc, vc, n, n_kv, hd, G, positions, ends, rowidx, tables,   \
                                 tstride, bs, nlg, lig, window, scale, softcap, out, ostride);          \
     }
-ATT_TILE(attention_tile, float)
-ATT_TILE(attention_tile_h, u16)
 
 // One sequence's cached K and V for positions 0..L-1 of layer slot `lig`
 // (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
@@ -1480,5 +1445,3 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
                                     u16* __restrict__ kh, u16* __restrict__ vh) {                      \
         gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, L, kvd, kh, vh);             \
     }
-GATHER_KV(gather_kv_half, float)
-GATHER_KV(gather_kv_half_h, u16)

@@ -4606,6 +4606,7 @@ mod tests {
     fn repacked_kernels_are_instantiated() {
         let gemv = include_str!("../kernels/gemv.cu");
         let matmul = include_str!("../kernels/matmul.cu");
+        let mm = include_str!("../kernels/mm.cu");
         // A line `MACRO(name, T_..., u)` (u: None for two-argument macros).
         let has = |src: &str, mac: &str, n: &str, u: Option<usize>| {
             src.lines().any(|l| {
@@ -4619,7 +4620,8 @@ mod tests {
             };
             assert!(has(gemv, "MVQR", n, None), "MVQR({n})");
             assert!(has(gemv, "MVQ_NT", n, None), "MVQ_NT({n})");
-            for mac in ["MM_ALL", "MV", "EMBED", "DEQ"] {
+            assert!(has(mm, "MM_ALL", n, None), "MM_ALL({n})");
+            for mac in ["MV", "EMBED", "DEQ"] {
                 assert!(has(matmul, mac, n, None), "{mac}({n})");
             }
         }

@@ -222,28 +222,54 @@ pub struct Gpu {
 // current on the calling thread first.
 unsafe impl Send for Gpu {}
 
-/// The kernel sources. The prelude (device helpers and the quantized
-/// layouts, no kernels) starts every unit; each unit is compiled as its own
-/// module, so a cold start compiles them on parallel threads and a source
-/// change recompiles only its unit. A timeline build compiles everything as
-/// one module: its stamp ring is one device global.
-pub const PRELUDE: [(&str, &str); 2] = [
+/// The kernel sources, in the order of one text of them all.
+pub const SOURCES: [(&str, &str); 12] = [
     ("common.cu", include_str!("../kernels/common.cu")),
     ("quant.cu", include_str!("../kernels/quant.cu")),
-];
-pub const UNITS: [(&str, &str); 7] = [
     ("repack.cu", include_str!("../kernels/repack.cu")),
+    ("mm.cu", include_str!("../kernels/mm.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("gemv.cu", include_str!("../kernels/gemv.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("ops.cu", include_str!("../kernels/ops.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    (
+        "attention_f32.cu",
+        include_str!("../kernels/attention_f32.cu"),
+    ),
+    (
+        "attention_f16.cu",
+        include_str!("../kernels/attention_f16.cu"),
+    ),
     ("flash.cu", include_str!("../kernels/flash.cu")),
 ];
 
-fn concat<'a>(files: impl IntoIterator<Item = &'a (&'a str, &'a str)>) -> String {
+/// What every kernel module starts with: device helpers and the quantized
+/// layouts, no kernels.
+pub const PRELUDE: [&str; 2] = ["common.cu", "quant.cu"];
+
+/// The kernel modules: each is the prelude, then these files. Compiled as
+/// separate modules, a cold start compiles them on parallel threads and a
+/// source change recompiles only the modules that include it. A file in
+/// more than one module (attention.cu: templates and macros) instantiates
+/// no kernel. A timeline build compiles everything as one module: its stamp
+/// ring is one device global.
+pub const MODULES: [(&str, &[&str]); 9] = [
+    ("repack", &["repack.cu"]),
+    ("mm", &["mm.cu"]),
+    ("matmul", &["matmul.cu"]),
+    ("gemv", &["gemv.cu"]),
+    ("mmq", &["mmq.cu"]),
+    ("ops", &["ops.cu"]),
+    ("attention_f32", &["attention.cu", "attention_f32.cu"]),
+    ("attention_f16", &["attention.cu", "attention_f16.cu"]),
+    ("flash", &["flash.cu"]),
+];
+
+fn concat<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let mut s = String::new();
-    for (name, src) in files {
+    for name in names {
+        let src = SOURCES.iter().find(|f| f.0 == name).map_or("", |f| f.1);
         s.push_str(&format!("// ---- {name}\n"));
         s.push_str(src);
         s.push('\n');
@@ -251,20 +277,19 @@ fn concat<'a>(files: impl IntoIterator<Item = &'a (&'a str, &'a str)>) -> String
     s
 }
 
-/// Every source in one text: the prelude, then every unit.
+/// Every source in one text.
 pub fn kernel_source() -> String {
-    concat(PRELUDE.iter().chain(UNITS.iter()))
+    concat(SOURCES.iter().map(|f| f.0))
 }
 
-/// The modules' sources, by name: the prelude and one unit each, or (a
-/// timeline build) one module of everything.
+/// The modules' sources, by name (a timeline build: one module of all).
 pub fn kernel_modules() -> Vec<(&'static str, String)> {
     if timeline_on() {
         return vec![("all", kernel_source())];
     }
-    UNITS
+    MODULES
         .iter()
-        .map(|u| (u.0, concat(PRELUDE.iter().chain([u]))))
+        .map(|(name, files)| (*name, concat(PRELUDE.iter().chain(files.iter()).copied())))
         .collect()
 }
 

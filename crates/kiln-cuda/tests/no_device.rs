@@ -41,12 +41,37 @@ fn kernels_compile_with_nvrtc() {
     assert_eq!(again, cubins);
 }
 
-/// The prelude that starts every kernel module defines no kernel, so each
-/// kernel is compiled in its own unit only.
+/// The prelude that starts every kernel module defines no kernel, every
+/// other source is in a module, and a source in several modules only
+/// defines (no kernel instantiated at a line's start), so each kernel is
+/// compiled once.
 #[test]
-fn prelude_defines_no_kernel() {
-    for (name, src) in kiln_cuda::gpu::PRELUDE {
-        assert!(!src.contains("__global__"), "{name} defines a kernel");
+fn sources_fill_the_modules_once() {
+    use kiln_cuda::gpu::{MODULES, PRELUDE, SOURCES};
+    let src = |n: &str| SOURCES.iter().find(|f| f.0 == n).map(|f| f.1);
+    for name in PRELUDE {
+        let text = src(name).unwrap_or_else(|| panic!("{name} is not a source"));
+        assert!(!text.contains("__global__"), "{name} defines a kernel");
+    }
+    for (name, text) in SOURCES {
+        let uses = MODULES.iter().filter(|m| m.1.contains(&name)).count();
+        if PRELUDE.contains(&name) {
+            assert_eq!(uses, 0, "{name} is in the prelude and a module");
+            continue;
+        }
+        assert!(uses >= 1, "{name} is in no module");
+        if uses > 1 {
+            let instantiates = text.lines().any(|l| {
+                l.starts_with("extern \"C\"")
+                    || (l.starts_with(|c: char| c.is_ascii_uppercase())
+                        && l.contains('(')
+                        && !l.starts_with("#"))
+            });
+            assert!(
+                !instantiates,
+                "{name} is in {uses} modules and defines kernels"
+            );
+        }
     }
 }
 
