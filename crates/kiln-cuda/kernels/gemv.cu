@@ -149,6 +149,19 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
 // products, so the consumer sees the bits add_norm would have written).
 __device__ __forceinline__ float rms_val(float v, float finv, float w) { return __fmul_rn(__fmul_rn(v, finv), w); }
 
+// This thread's float4s of a row of `cols` floats (float4 i = threadIdx.x
+// + k * blockDim.x, k < SV) copied from src to dst in shared memory, as one
+// cp.async group.
+template <int SV>
+__device__ __forceinline__ void own_float4s_async(float4* dst, const float* __restrict__ src, int cols) {
+#pragma unroll
+    for (int k = 0; k < SV; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < cols / 4) cp_async16(smem_u32(dst + i), (const float4*)src + i);
+    }
+    cp_async_commit();
+}
+
 #define MVFN_THREADS 256
 // CudaOptions::fuse_norm for float weights (NOTES.md items 31, 71): mvf_impl
 // with the layer's RMSNorm inside. x is the residual stream (cols <=
@@ -197,23 +210,9 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     // until this thread overwrites its own values with x * w), so the
     // staging takes no registers beyond x's.
     __shared__ float4 spw[POST ? AN_THREADS * AN_V / 4 : 1];
-    if constexpr (POST) {
-#pragma unroll
-        for (int k = 0; k < SV; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            if (i < cols / 4) cp_async16(smem_u32(spw + i), (const float4*)pw + i);
-        }
-        cp_async_commit();
-    }
+    if constexpr (POST) own_float4s_async<SV>(spw, pw, cols);
     PDL_ENTRY();
-    if constexpr (POST) {
-#pragma unroll
-        for (int k = 0; k < SV; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            if (i < cols / 4) cp_async16(smem_u32(sx + i), (const float4*)yp + i);
-        }
-        cp_async_commit();
-    }
+    if constexpr (POST) own_float4s_async<SV>(sx, yp, cols);
     float4 xs[SV];
 #pragma unroll
     for (int k = 0; k < SV; k++) {
