@@ -270,7 +270,7 @@ fn concat<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let mut s = String::new();
     for name in names {
         let src = SOURCES.iter().find(|f| f.0 == name).map_or("", |f| f.1);
-        s.push_str(&format!("// ---- {name}\n"));
+        s.push_str(&format!("// @file {name}\n"));
         s.push_str(src);
         s.push('\n');
     }
@@ -1152,6 +1152,57 @@ impl Drop for Graph {
         unsafe {
             let _ = dr::graph::exec_destroy(self.exec);
             let _ = dr::graph::destroy(self.graph);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache's round trip without NVRTC (CI has none): a stored cubin is
+    /// found by its stem and NVRTC version, by its stem alone where NVRTC is
+    /// missing, and not under another stem or version.
+    #[test]
+    fn cache_round_trip() {
+        let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
+        let stem = "kiln-0123456789abcdef-sm_90";
+        store(&dir, stem, (13, 0), b"cubin bytes");
+        assert_eq!(
+            cached(&dir, stem, Some((13, 0))).as_deref(),
+            Some(&b"cubin bytes"[..])
+        );
+        assert_eq!(
+            cached(&dir, stem, None).as_deref(),
+            Some(&b"cubin bytes"[..])
+        );
+        assert_eq!(cached(&dir, stem, Some((13, 1))), None);
+        assert_eq!(cached(&dir, "kiln-fedcba9876543210-sm_90", None), None);
+        // No temporary file is left behind.
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(names, vec![format!("{stem}-nvrtc13.0.cubin")]);
+    }
+
+    /// Each module is the prelude and its files, every source at most once.
+    #[test]
+    fn modules_are_the_prelude_and_their_files() {
+        let modules = kernel_modules();
+        assert_eq!(modules.len(), MODULES.len());
+        for ((name, src), (mname, files)) in modules.iter().zip(MODULES) {
+            assert_eq!(*name, mname);
+            let parts: Vec<&str> = src
+                .lines()
+                .filter_map(|l| l.strip_prefix("// @file "))
+                .collect();
+            let want: Vec<&str> = PRELUDE.iter().chain(files.iter()).copied().collect();
+            assert_eq!(parts, want, "{name}");
         }
     }
 }
