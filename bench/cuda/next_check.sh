@@ -4,7 +4,7 @@
 # Build here first (the binaries travel in .device/, untracked):
 #   .device/kiln.xz, .device/cuda_check.xz      the branch (strip, xz)
 #   .device/kiln_a.xz, .device/cuda_check_a.xz  main
-#   .device/cache/                              both cubins (cuda_check --precompile sm_90)
+#   .device/cache/                              both builds' cubins (cuda_check --precompile sm_90: one a kernel module)
 # then one `run` per mode, carrying .device/cache and the mode's binaries only (the working
 # tree with its carry must stay under 64 MiB; .device/BUILT_AT lists what is there):
 #   bash bench/cuda/next_check.sh verify   # fixtures x3 (default, global merge, 16 slices) + logits = main, bit for bit
