@@ -1203,6 +1203,9 @@ mod tests {
                 .collect();
             let want: Vec<&str> = PRELUDE.iter().chain(files.iter()).copied().collect();
             assert_eq!(parts, want, "{name}");
+            for f in want {
+                assert!(SOURCES.iter().any(|s| s.0 == f), "{f} is not a source");
+            }
         }
     }
 }
