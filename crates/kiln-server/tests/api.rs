@@ -558,9 +558,14 @@ fn shutdown_cancels_after_grace() {
         })
         .collect();
     // Every request must have reached the scheduler first: a client that
-    // connects after shutdown began is (rightly) refused, not cancelled.
-    wait_for(30, "all requests queued or running", || {
-        metric(a, "kiln_queue_depth") + metric(a, "kiln_running_sequences") >= 6.0
+    // connects after shutdown began is (rightly) refused, not cancelled. On a
+    // loaded machine the first may finish before the last arrives, so
+    // finished sequences count too.
+    wait_for(30, "all requests queued, running or finished", || {
+        metric(a, "kiln_queue_depth")
+            + metric(a, "kiln_running_sequences")
+            + metric_sum(a, "kiln_sequences_finished_total")
+            >= 6.0
     });
     wait_for(30, "generation to start", || {
         metric(a, "kiln_generation_tokens_total") > 0.0

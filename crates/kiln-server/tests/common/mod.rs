@@ -188,6 +188,18 @@ pub fn metric(addr: SocketAddr, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
 }
 
+/// A metric's samples summed over their labels (0 when it has none yet).
+pub fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
+    let m = get(addr, "/metrics").body;
+    m.lines()
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            let base = k.split('{').next()?;
+            (base == name).then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 /// Polls until `f` holds (at most `secs`).
 pub fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
