@@ -645,11 +645,27 @@ impl Gpu {
         )?;
         let arch = format!("sm_{}{}", cc.0, cc.1);
         let (cubins, how, cache) = cached_cubins(&arch)?;
+        let names: Vec<&str> = if timeline_on() {
+            vec!["all"]
+        } else {
+            MODULES.iter().map(|m| m.0).collect()
+        };
         let modules = cubins
             .iter()
-            .map(|cubin| {
+            .zip(names)
+            .map(|(cubin, name)| {
+                // A cached cubin the driver rejects (a damaged cache file)
+                // is rebuilt when its file is gone.
+                let what = match &cache {
+                    Some(d) => format!(
+                        "loading kernel module '{name}' (cached in {}: deleting that folder \
+                         rebuilds it)",
+                        d.display()
+                    ),
+                    None => format!("loading kernel module '{name}'"),
+                };
                 // SAFETY: a complete cubin image, kept alive for the call.
-                drv("loading a kernel module", unsafe {
+                drv(&what, unsafe {
                     dr::module::load_data(cubin.as_ptr() as *const c_void)
                 })
             })
