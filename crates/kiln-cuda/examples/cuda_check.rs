@@ -2057,7 +2057,7 @@ fn main() {
             Ok((c, how, p)) => println!(
                 "{arch}: {} modules, {} bytes, {how}, {p:?}",
                 c.len(),
-                c.iter().map(Vec::len).sum::<usize>()
+                c.iter().map(|m| m.1.len()).sum::<usize>()
             ),
             Err(e) => {
                 println!("{e}");

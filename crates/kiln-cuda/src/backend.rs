@@ -204,9 +204,9 @@ impl Repackers {
 pub(crate) struct Repacked {
     /// Its kernel-table index.
     pub(crate) kernel: usize,
-    /// Where it was written out of place ([`Repack::Runs8To`]): the new
-    /// buffer and its bytes a row (whole runs); the old bytes are left as
-    /// they were.
+    /// Where it was written out of place ([`Repack::Runs8To`],
+    /// [`Repack::Q6KTo`]): the new buffer and its padded bytes a row; the
+    /// old bytes are left as they were.
     pub(crate) moved: Option<(DevBuf, usize)>,
 }
 
@@ -944,7 +944,7 @@ struct DMat {
     rows: usize,
     cols: usize,
     /// Bytes from a row to the next: the type's bytes for `cols` values, or
-    /// more in a layout that pads rows ([`Repack::Runs8To`]).
+    /// more in a layout that pads rows ([`padded_row_bytes`]).
     row_bytes: usize,
     /// Index into the per-type kernel tables: the ggml id, or REPACKED + id.
     kernel: usize,
@@ -2796,7 +2796,6 @@ impl CudaBackend {
     /// GEMVs with the fused versions for every matrix.
     fn norm_fusable(&self) -> bool {
         let d = &self.desc;
-        let fused = |p: &Proj, f: Fuse| self.proj_fused(p, f);
         let norm = Fuse::Norm {
             w: 0,
             eps: 0.0,
@@ -2809,12 +2808,12 @@ impl CudaBackend {
                     && l.ffn_norm.b.is_none()
                     && l.post_attn_norm.is_none()
                     && l.post_ffn_norm.is_none()
-                    && fused(&l.qkv, norm)
-                    && fused(&l.gate_up, norm)
+                    && self.proj_fused(&l.qkv, norm)
+                    && self.proj_fused(&l.gate_up, norm)
                     && l.o.parts.len() == 1
                     && l.down.parts.len() == 1
-                    && fused(&l.o, Fuse::Residual)
-                    && fused(&l.down, Fuse::Residual)
+                    && self.proj_fused(&l.o, Fuse::Residual)
+                    && self.proj_fused(&l.down, Fuse::Residual)
             })
     }
 

@@ -399,6 +399,9 @@ pub fn compile_cubin_opts(src: &str, arch: &str, extra: &[&str]) -> CuResult<(Ve
     })
 }
 
+/// A kernel module's name and cubin.
+pub type NamedCubin = (&'static str, Vec<u8>);
+
 /// What [`on_kernel_compile`] registered.
 type CompileNotice = Box<dyn Fn(Option<&str>) + Send + Sync>;
 static COMPILE_NOTICE: std::sync::OnceLock<CompileNotice> = std::sync::OnceLock::new();
@@ -412,10 +415,10 @@ pub fn on_kernel_compile(f: impl Fn(Option<&str>) + Send + Sync + 'static) {
 
 /// The kernel modules' cubins for `arch`, each from the disk cache when its
 /// source, arch and NVRTC version match, else compiled (the missing ones on
-/// parallel threads) and stored. Returns the cubins, how they were obtained
-/// and the cache folder. Needs no GPU: `cached_cubins("sm_90")` fills the
-/// cache ahead of time.
-pub fn cached_cubins(arch: &str) -> CuResult<(Vec<Vec<u8>>, String, Option<PathBuf>)> {
+/// parallel threads) and stored. Returns the cubins by module name, how
+/// they were obtained and the cache folder. Needs no GPU:
+/// `cached_cubins("sm_90")` fills the cache ahead of time.
+pub fn cached_cubins(arch: &str) -> CuResult<(Vec<NamedCubin>, String, Option<PathBuf>)> {
     cached_cubins_in(arch, cache_dir())
 }
 
@@ -423,7 +426,7 @@ pub fn cached_cubins(arch: &str) -> CuResult<(Vec<Vec<u8>>, String, Option<PathB
 pub fn cached_cubins_in(
     arch: &str,
     dir: Option<PathBuf>,
-) -> CuResult<(Vec<Vec<u8>>, String, Option<PathBuf>)> {
+) -> CuResult<(Vec<NamedCubin>, String, Option<PathBuf>)> {
     let modules = kernel_modules();
     let opts = nvrtc_options(arch).join(" ");
     let nv = nvrtc_version();
@@ -459,12 +462,11 @@ pub fn cached_cubins_in(
         if let Some(f) = notice {
             f(None);
         }
-        let built = built?;
-        for (i, cubin) in missing.iter().zip(built) {
+        for (i, cubin) in built? {
             if let (Some(d), Some(v)) = (&dir, nv) {
-                store(d, &stems[*i], v, &cubin);
+                store(d, &stems[i], v, &cubin);
             }
-            cubins[*i] = Some(cubin);
+            cubins[i] = Some(cubin);
         }
         format!(
             "compiled {} of {} modules ({} ms)",
@@ -473,14 +475,24 @@ pub fn cached_cubins_in(
             t.elapsed().as_millis()
         )
     };
-    Ok((cubins.into_iter().flatten().collect(), how, dir))
+    let named = modules
+        .iter()
+        .zip(cubins)
+        .filter_map(|((name, _), c)| Some((*name, c?)))
+        .collect();
+    Ok((named, how, dir))
+}
+
+/// The cache file of a module's `stem` built by NVRTC `a.b`.
+fn cubin_file(dir: &Path, stem: &str, (a, b): (i32, i32)) -> PathBuf {
+    dir.join(format!("{stem}-nvrtc{a}.{b}.cubin"))
 }
 
 /// A cached cubin of `stem` for NVRTC version `nv`; without NVRTC, any
 /// cached build of that source and arch.
 fn cached(dir: &Path, stem: &str, nv: Option<(i32, i32)>) -> Option<Vec<u8>> {
-    if let Some((a, b)) = nv {
-        return std::fs::read(dir.join(format!("{stem}-nvrtc{a}.{b}.cubin"))).ok();
+    if let Some(v) = nv {
+        return std::fs::read(cubin_file(dir, stem, v)).ok();
     }
     std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
         let name = e.file_name().to_string_lossy().to_string();
@@ -492,8 +504,8 @@ fn cached(dir: &Path, stem: &str, nv: Option<(i32, i32)>) -> Option<Vec<u8>> {
 
 /// Writes a cubin into the cache (through a temporary file, so a reader
 /// never sees half of one); a cache that cannot be written is skipped.
-fn store(dir: &Path, stem: &str, (a, b): (i32, i32), cubin: &[u8]) {
-    let p = dir.join(format!("{stem}-nvrtc{a}.{b}.cubin"));
+fn store(dir: &Path, stem: &str, nv: (i32, i32), cubin: &[u8]) {
+    let p = cubin_file(dir, stem, nv);
     let tmp = dir.join(format!("{stem}.{}.tmp", std::process::id()));
     if std::fs::create_dir_all(dir).is_err()
         || std::fs::write(&tmp, cubin).is_err()
@@ -504,55 +516,43 @@ fn store(dir: &Path, stem: &str, (a, b): (i32, i32), cubin: &[u8]) {
 }
 
 /// Compiles `modules[i]` for each i in `which`, as many at once as the
-/// machine has cores, largest first; the cubins in `which`'s order.
+/// machine has cores, largest first: (i, cubin) pairs.
 fn compile_parallel(
     which: &[usize],
     modules: &[(&str, String)],
     arch: &str,
-) -> CuResult<Vec<Vec<u8>>> {
+) -> CuResult<Vec<(usize, Vec<u8>)>> {
     let mut order = which.to_vec();
     order.sort_by_key(|&i| std::cmp::Reverse(modules[i].1.len()));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(order.len());
-    let results: Vec<(usize, CuResult<Vec<u8>>)> = std::thread::scope(|sc| {
+    std::thread::scope(|sc| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 sc.spawn(|| {
                     let mut out = Vec::new();
-                    loop {
-                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&i) = order.get(k) else {
-                            return out;
-                        };
-                        let r = compile_cubin(&modules[i].1, arch)
-                            .map_err(|e| CudaError(format!("{} (module {})", e.0, modules[i].0)));
-                        out.push((i, r));
+                    while let Some(&i) =
+                        order.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let cubin = compile_cubin(&modules[i].1, arch)
+                            .map_err(|e| CudaError(format!("{} (module {})", e.0, modules[i].0)))?;
+                        out.push((i, cubin));
                     }
+                    Ok(out)
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| vec![(usize::MAX, Err(CudaError("NVRTC thread".into())))])
-            })
-            .collect()
-    });
-    let mut by_index: HashMap<usize, Vec<u8>> = HashMap::new();
-    for (i, r) in results {
-        by_index.insert(i, r?);
-    }
-    which
-        .iter()
-        .map(|i| {
-            by_index
-                .remove(i)
-                .ok_or_else(|| CudaError("NVRTC: a module was not compiled".into()))
-        })
-        .collect()
+        let mut all = Vec::new();
+        for w in workers {
+            let built: CuResult<Vec<_>> = w
+                .join()
+                .unwrap_or_else(|_| Err(CudaError("an NVRTC thread panicked".into())));
+            all.extend(built?);
+        }
+        Ok(all)
+    })
 }
 
 /// The kernel `name` from whichever of `modules` holds it.
@@ -645,28 +645,21 @@ impl Gpu {
         )?;
         let arch = format!("sm_{}{}", cc.0, cc.1);
         let (cubins, how, cache) = cached_cubins(&arch)?;
-        let names: Vec<&str> = if timeline_on() {
-            vec!["all"]
-        } else {
-            MODULES.iter().map(|m| m.0).collect()
-        };
         let modules = cubins
             .iter()
-            .zip(names)
-            .map(|(cubin, name)| {
-                // A cached cubin the driver rejects (a damaged cache file)
-                // is rebuilt when its file is gone.
-                let what = match &cache {
-                    Some(d) => format!(
-                        "loading kernel module '{name}' (cached in {}: deleting that folder \
-                         rebuilds it)",
-                        d.display()
-                    ),
-                    None => format!("loading kernel module '{name}'"),
-                };
+            .map(|(name, cubin)| {
                 // SAFETY: a complete cubin image, kept alive for the call.
-                drv(&what, unsafe {
-                    dr::module::load_data(cubin.as_ptr() as *const c_void)
+                let m = unsafe { dr::module::load_data(cubin.as_ptr() as *const c_void) };
+                m.or_else(|e| {
+                    // A cached cubin the driver rejects (a damaged cache
+                    // file) is rebuilt when its file is gone.
+                    let place = cache.as_ref().map_or(String::new(), |d| {
+                        format!(
+                            " (cached in {}: deleting that folder rebuilds it)",
+                            d.display()
+                        )
+                    });
+                    drv(&format!("loading kernel module '{name}'{place}"), Err(e))
                 })
             })
             .collect::<CuResult<Vec<_>>>()?;

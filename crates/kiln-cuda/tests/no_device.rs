@@ -29,11 +29,11 @@ fn kernels_compile_with_nvrtc() {
         "NVRTC {}.{} {arch}: {how}, {} bytes, {} ms",
         v.0,
         v.1,
-        cubins.iter().map(Vec::len).sum::<usize>(),
+        cubins.iter().map(|m| m.1.len()).sum::<usize>(),
         t.elapsed().as_millis()
     );
     assert_eq!(cubins.len(), kernel_modules().len());
-    assert!(cubins.iter().all(|c| c.len() > 1000));
+    assert!(cubins.iter().all(|c| c.1.len() > 1000));
     let (again, how, _) =
         cached_cubins_in(arch, Some(dir.clone())).unwrap_or_else(|e| panic!("{e}"));
     let _ = std::fs::remove_dir_all(&dir);
