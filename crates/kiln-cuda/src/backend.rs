@@ -1082,8 +1082,9 @@ struct Kernels {
     /// Attention sharing K/V loads among 2, 4, 8 query heads per KV head.
     attention_gqa: [cudarc::driver::sys::CUfunction; 3],
     attention_tile: cudarc::driver::sys::CUfunction,
-    /// `attention_d2/d4` doing qkv_post's work themselves (`attention_f2/f4`).
-    attention_fused: [cudarc::driver::sys::CUfunction; 2],
+    /// `attention_d2/d4/d8` doing qkv_post's work themselves
+    /// (`attention_f2/f4/f8`).
+    attention_fused: [cudarc::driver::sys::CUfunction; 3],
     /// `attention_d4` ([0]) and `attention_f4` ([1]) merging their slices
     /// inside a thread-block cluster (`attention_cd4` / `attention_cf4`).
     attention_cl: [cudarc::driver::sys::CUfunction; 2],
@@ -1300,7 +1301,11 @@ impl Kernels {
                 kvf(gpu, "attention_g8")?,
             ],
             attention_tile: kvf(gpu, "attention_tile")?,
-            attention_fused: [kvf(gpu, "attention_f2")?, kvf(gpu, "attention_f4")?],
+            attention_fused: [
+                kvf(gpu, "attention_f2")?,
+                kvf(gpu, "attention_f4")?,
+                kvf(gpu, "attention_f8")?,
+            ],
             attention_cl: [kvf(gpu, "attention_cd4")?, kvf(gpu, "attention_cf4")?],
             attention_l2w: [
                 kvf(gpu, "attention_fl2")?,
@@ -3874,13 +3879,13 @@ impl CudaBackend {
             });
             // qkv_post's work inside the decode attention (`attention_f*`):
             // one token per sequence (no token reads another's new K/V), RoPE
-            // over whole heads of 64 or 128 dims.
+            // over whole heads of 64, 128 or 256 dims.
             let fused = self.fuse_qkv
                 && d.causal
                 && n < self.att_gqa_min
                 && gemm_chunk.is_none()
                 && self.row_seqs.len() == n
-                && matches!(d.head_dim, 64 | 128)
+                && matches!(d.head_dim, 64 | 128 | 256)
                 && rope.is_none_or(|r| r.dim == d.head_dim);
             if !fused {
                 // A warp per (head, token), QP_WARPS = 4 a block.
@@ -4003,8 +4008,9 @@ impl CudaBackend {
                     [Arg::P(0), Arg::P(0), Arg::P(0)]
                 };
                 o_staged = !matches!(o_q8[0], Arg::P(0));
-                // The fused kernels' window versions take the window.
-                let ahead = if fused && l.o.is_float() {
+                // The fused kernels' window versions take the window (head
+                // dims up to 128: `attention_l2w` has no 256 form).
+                let ahead = if fused && l.o.is_float() && dpl < 2 {
                     plan.before(4 * li + 1)
                 } else {
                     Ahead::default()
