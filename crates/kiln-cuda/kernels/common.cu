@@ -183,6 +183,9 @@ __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) <
 // Every block type in ggml has an even size, and tensors start 256-aligned:
 // u16 loads at even offsets are always aligned.
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+// A u32 at an address that is only 2-byte aligned (legacy 18/22/34/210-byte
+// blocks, repacked Q5_1's fifth bits).
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
 
 __device__ __forceinline__ float ld_h(const u8* p) { return h2f(ld_u16(p)); }
 

@@ -20,9 +20,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return v;
 }
 
-// A u32 at an address that is only 2-byte aligned (legacy 18/22/34/210-byte blocks).
-__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
-
 __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -426,19 +423,15 @@ __device__ __forceinline__ float qdot<T_Q5_0>(const u8* __restrict__ row, int u,
     return q5_0_sum(ld_h(b), q5_dot(a, ld_u32_a2(b + 2), xv), dx, sx);
 }
 
-// { f16 d; f16 m; u32 qh; u8 qs[16] }: w = d * q + m
+// { f16 d; f16 m; u32 qh; u8 qs[16] }: w = d * q + m; the sum rounded as
+// q4_1_sum, so plain and repacked kernels give the same bits.
 template <>
 __device__ __forceinline__ float qdot<T_Q5_1>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     const u8* b = row + u * 24;
-    u32 qh = *(const u32*)(b + 4);
-    int s = 0;
+    u32 a[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        u32 v = *(const u32*)(b + 8 + 4 * i);
-        s = __dp4a((int)((v & 0x0f0f0f0fu) | spread4(qh >> (4 * i))), xv[i], s);
-        s = __dp4a((int)(((v >> 4) & 0x0f0f0f0fu) | spread4(qh >> (16 + 4 * i))), xv[4 + i], s);
-    }
-    return ld_h(b) * dx * (float)s + ld_h(b + 2) * sx;
+    for (int i = 0; i < 4; i++) a[i] = *(const u32*)(b + 8 + 4 * i);
+    return q4_1_sum(ld_h(b), ld_h(b + 2), q5_dot(a, *(const u32*)(b + 4), xv), dx, sx);
 }
 
 // { f16 d; i8 qs[32] }: w = d * q
@@ -479,6 +472,13 @@ struct Rq<T_Q4_1R> {
 // four units a lane in flight, as Q4_0R's eight 16-byte words.
 template <>
 struct Rq<T_Q5_0R> {
+    static constexpr int QW = 2, UW = 8;
+};
+
+// Repacked Q5_1: word 0 the unit's low nibbles, word 1's x its fifth bits
+// and y its f16 minimum.
+template <>
+struct Rq<T_Q5_1R> {
     static constexpr int QW = 2, UW = 8;
 };
 
@@ -564,13 +564,17 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
 }
 
 // Unit u of a run layout with an HB-byte second field (Q5_0R's fifth bits,
-// 4 bytes; Q4_1R's minimum, 2), `off` bytes further on: its quants, the
-// field in q[1].x and its scale.
+// 4 bytes; Q4_1R's minimum, 2; Q5_1R's minimum and fifth bits, 6), `off`
+// bytes further on: its quants, the field in q[1] (fifth bits or minimum
+// in x; Q5_1R: fifth bits in x, minimum in y) and its scale.
 template <int HB>
 __device__ __forceinline__ void r8h_load(const u8* __restrict__ row, int u, int off, uint4* q, u16* d) {
     q[0] = ld_stream16(r8_q<16, HB>(row, u) + off);
     const u8* h = r8_hp<16, HB>(row, u) + off;
-    q[1] = make_uint4(HB == 4 ? ld_stream4(h) : (u32)ld_u16(h), 0u, 0u, 0u);
+    if (HB == 6)
+        q[1] = make_uint4(ld_u32_a2(h + 2), (u32)ld_u16(h), 0u, 0u);
+    else
+        q[1] = make_uint4(HB == 4 ? ld_stream4(h) : (u32)ld_u16(h), 0u, 0u, 0u);
     *d = ld_u16(r8_dp<16, HB>(row, u) + off);
 }
 
@@ -582,6 +586,11 @@ __device__ __forceinline__ void rload<T_Q5_0R>(const u8* __restrict__ row, int u
 template <>
 __device__ __forceinline__ void rload<T_Q4_1R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
     r8h_load<2>(row, u, 0, q, d);
+}
+
+template <>
+__device__ __forceinline__ void rload<T_Q5_1R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    r8h_load<6>(row, u, 0, q, d);
 }
 
 template <int T>
@@ -604,6 +613,10 @@ __device__ __forceinline__ void rload_k<T_Q4_1R>(const u8* __restrict__ row, int
 template <>
 __device__ __forceinline__ void rload_k<T_Q5_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     r8h_load<4>(row, u0, 4 * 8 * (16 + 4 + 2) * k, q, d);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q5_1R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    r8h_load<6>(row, u0, 4 * 8 * (16 + 6 + 2) * k, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -671,6 +684,12 @@ template <>
 __device__ __forceinline__ float rdot<T_Q5_0R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
     return q5_0_sum(h2f(d), q5_dot(a, q[1].x, xv), dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q5_1R>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
+    return q4_1_sum(h2f(d), h2f((u16)q[1].y), q5_dot(a, q[1].x, xv), dx, sx);
 }
 
 // Repacked Q4_0 summed with nib_dot_shift (nib_dot's earlier form; the same
@@ -759,6 +778,11 @@ __device__ __forceinline__ float qdot<T_Q4_1R>(const u8* __restrict__ row, int u
 template <>
 __device__ __forceinline__ float qdot<T_Q5_0R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     return rqdot<T_Q5_0R>(row, u, cols, xv, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q5_1R>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q5_1R>(row, u, cols, xv, dx, sx);
 }
 
 template <>
@@ -973,6 +997,7 @@ MVQ(q8_0, T_Q8_0)
 MVQR(q8_0r, T_Q8_0R)
 MVQR(q5_0r, T_Q5_0R)
 MVQR(q4_1r, T_Q4_1R)
+MVQR(q5_1r, T_Q5_1R)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
@@ -1457,6 +1482,9 @@ MVQSN(q8_0r, T_Q8_0R, 2)
 MVQSN(q4_1r, T_Q4_1R, 4)
 MVQSR(q4_1r, T_Q4_1R, 4)
 MVQA(q4_1r, T_Q4_1R)
+MVQSN(q5_1r, T_Q5_1R, 4)
+MVQSR(q5_1r, T_Q5_1R, 4)
+MVQA(q5_1r, T_Q5_1R)
 
 // The norm-staging GEMV over two matrices of different types that share
 // x and follow each other in y (a Q4_K_M layer's Q|K in Q4_K and its V in
@@ -1732,6 +1760,7 @@ MVQ_NT(q8_0, T_Q8_0)
 MVQ_NT(q8_0r, T_Q8_0R)
 MVQ_NT(q5_0r, T_Q5_0R)
 MVQ_NT(q4_1r, T_Q4_1R)
+MVQ_NT(q5_1r, T_Q5_1R)
 MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)

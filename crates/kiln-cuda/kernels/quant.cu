@@ -314,14 +314,15 @@ __device__ __forceinline__ u32 spread4(u32 h) {
     return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
-// ---- Repacked Q4_0 / Q8_0 / Q5_0 / Q4_1: each run of 8 blocks is stored as
-// their 8 quant arrays (QB = 16 or 32 bytes each), then their 8 second
-// fields (HB bytes each: Q5_0's words of fifth bits, Q4_1's f16 minimums),
+// ---- Repacked Q4_0 / Q8_0 / Q5_0 / Q4_1 / Q5_1: each run of 8 blocks is
+// stored as their 8 quant arrays (QB = 16 or 32 bytes each), then their 8
+// second fields (HB bytes each: Q5_0's words of fifth bits, Q4_1's f16
+// minimums, Q5_1's minimum and fifth-bit word),
 // then their 8 f16 scales. A block's quants
 // then start 16-byte aligned and are one or two loads instead of eight or
 // sixteen 2-byte ones. Rows of whole runs (cols % 256 == 0) of Q4_0 / Q8_0
 // are rearranged in place at load (`repack8`: same bytes per row); other
-// rows, and Q5_0 / Q4_1, into a new buffer whose rows are whole runs (`repack8_to`:
+// rows, and Q5_0 / Q4_1 / Q5_1, into a new buffer whose rows are whole runs (`repack8_to`:
 // the last run's missing blocks are zeros no kernel reads, since every
 // kernel stops at the row's cols / 32 units). Kernel type id: T_REPACKED +
 // the ggml id.
@@ -330,6 +331,7 @@ __device__ __forceinline__ u32 spread4(u32 h) {
 #define T_Q4_0R (T_REPACKED + T_Q4_0)
 #define T_Q5_0R (T_REPACKED + T_Q5_0)
 #define T_Q4_1R (T_REPACKED + T_Q4_1)
+#define T_Q5_1R (T_REPACKED + T_Q5_1)
 
 template <int QB, int HB = 0>
 __device__ __forceinline__ const u8* r8_q(const u8* row, int u) {
@@ -392,6 +394,26 @@ __device__ __forceinline__ void unit<T_Q4_1R>(const u8* __restrict__ row, int u,
         int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
         w[i] = d * (float)(q & 15) + m;
         w[i + 16] = d * (float)(q >> 4) + m;
+    }
+}
+
+// Repacked Q5_1: w = d * q + m; the 6-byte second field is the file's f16
+// minimum, then its fifth-bit word (2-byte aligned).
+template <>
+__device__ __forceinline__ void unit<T_Q5_1R>(const u8* __restrict__ row, int u, int cols, float* w) {
+    uint4 v = *(const uint4*)r8_q<16, 6>(row, u);
+    const u8* h = r8_hp<16, 6>(row, u);
+    float m = ld_h(h), d = ld_h(r8_dp<16, 6>(row, u));
+    u32 qh = ld_u32_a2(h + 2);
+    u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+        int lo = (q & 15) | (((qh >> i) & 1) << 4);
+        int hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
+        // As unit<T_Q5_1>: the same expression per value.
+        w[i] = d * (float)lo + m;
+        w[i + 16] = d * (float)hi + m;
     }
 }
 

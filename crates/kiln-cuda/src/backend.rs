@@ -85,9 +85,10 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 pub(crate) const REPACKED: usize = 48;
 
 /// Quantized types whose matrices are repacked at load, and their kernels'
-/// name suffix. Q4_0 / Q8_0 / Q5_0 / Q4_1 (`repack8` / `repack8_to` in
-/// quant.cu): each run of 8 blocks as 8 quant arrays, then Q5_0's 8 words of
-/// fifth bits or Q4_1's 8 minimums, then 8 scales, so the GEMVs read a
+/// name suffix. Q4_0 / Q8_0 / Q5_0 / Q4_1 / Q5_1 (`repack8` / `repack8_to`
+/// in repack.cu): each run of 8 blocks as 8 quant arrays, then Q5_0's 8
+/// words of fifth bits, Q4_1's 8 minimums or Q5_1's 8 minimum-and-fifth-bits
+/// fields, then 8 scales, so the GEMVs read a
 /// block's quants with one 16-byte load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
 /// super-block's nibbles as one 16-byte run per 32-value unit behind its
 /// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
@@ -100,6 +101,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q8_0 => Some("q8_0r"),
         GgmlType::Q5_0 => Some("q5_0r"),
         GgmlType::Q4_1 => Some("q4_1r"),
+        GgmlType::Q5_1 => Some("q5_1r"),
         GgmlType::Q6K => Some("q6_kr"),
         GgmlType::Q4K => Some("q4_kr"),
         GgmlType::Q5K => Some("q5_kr"),
@@ -114,8 +116,9 @@ pub(crate) enum Repack {
     Runs8(usize),
     /// `repack8_to`: into a new buffer of rows of whole runs of 8 blocks of
     /// `qb` quant bytes and an `hb`-byte second field (Q5_0's fifth bits,
-    /// Q4_1's minimum): rows that are not whole runs, and Q5_0 / Q4_1, whose
-    /// runs are not their blocks' bytes.
+    /// Q4_1's minimum, Q5_1's minimum and fifth bits): rows that are not
+    /// whole runs, and Q5_0 / Q4_1 / Q5_1, whose runs are not their blocks'
+    /// bytes.
     Runs8To {
         qb: usize,
         hb: usize,
@@ -147,6 +150,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q8_0 if blocks => Some(Repack::Runs8To { qb: 32, hb: 0 }),
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
         GgmlType::Q4_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 2 }),
+        GgmlType::Q5_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 6 }),
         GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
         GgmlType::Q6K if whole && cols > 0 && cols / 256 < *Q6KR_SB.start() => {
             Some(Repack::Q6KTo(cols / 256))
@@ -386,7 +390,7 @@ fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
 /// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
 /// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
 /// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 5] {
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 6] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         (r(GgmlType::Q4K), "q4_kr", 2),
@@ -394,6 +398,7 @@ fn mvqp_fused_types() -> [(usize, &'static str, usize); 5] {
         (r(GgmlType::Q6K), "q6_kr", 4),
         (r(GgmlType::Q5_0), "q5_0r", 4),
         (r(GgmlType::Q4_1), "q4_1r", 4),
+        (r(GgmlType::Q5_1), "q5_1r", 4),
     ]
 }
 
@@ -4710,6 +4715,11 @@ mod tests {
         assert_eq!(repack_layout(Q4_0, 48), None);
         // Padded rows: whole runs of 8 blocks of quants, second fields, scales.
         assert_eq!(padded_row_bytes(Q4_1, 576), Some(3 * 8 * 20));
+        assert_eq!(
+            repack_layout(Q5_1, 4096),
+            Some(Repack::Runs8To { qb: 16, hb: 6 })
+        );
+        assert_eq!(padded_row_bytes(Q5_1, 576), Some(3 * 8 * 24));
         assert_eq!(padded_row_bytes(Q5_0, 1152), Some(5 * 8 * 22));
         assert_eq!(padded_row_bytes(Q8_0, 960), Some(4 * 8 * 34));
         assert_eq!(padded_row_bytes(Q5_0, 4096), Some(4096 / 32 * 22));
