@@ -9,8 +9,9 @@
 #
 # kiln: `kiln bench --device cuda -p 2048 -n 256 -r 3` (llama-bench style: one warm-up,
 # prefill of a 2048-token prompt from an empty cache, then 256 one-token decode steps,
-# mean of 3). The floor is kiln's own count of weight bytes read per token (an untied
-# embedding table: one row) over 3.0 TB/s, the H100's measured copy bandwidth (GPU.md).
+# mean of 3). The floor is kiln bench's own: the weight bytes read per token (an untied
+# embedding table: one row) plus the K/V at tg256's mean depth, over the device's copy rate
+# (bytes read + written) that kiln bench measures at start.
 set -euo pipefail
 KILN=$1 PEER=$2 SHAPE=$3 TYPES=$4 DIR=${5:-/tmp/kiln-bench-$SHAPE}
 mkdir -p "$DIR"
@@ -31,7 +32,7 @@ if [ "$PEER" != "-" ]; then  # "-": skip transformers (run hf_peer.py in another
   peer=$(timeout 400 python3 "$PEER" "$DIR/hf" --prompt 128 --new 256 --prefill 2048 2>/dev/null | tail -1 || echo '{}')
 fi
 echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), shape $SHAPE"
-echo "| model | weights read/token | floor tok/s (3.0 TB/s) | kiln decode tok/s | % of floor | kiln prefill 2048 tok/s |"
+echo "| model | weights + K/V read/token | floor tok/s (copy rate) | kiln decode tok/s | % of floor | kiln prefill 2048 tok/s |"
 echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 [ "$peer" = "{}" ] || python3 "$T" peer "$peer"

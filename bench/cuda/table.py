@@ -19,10 +19,12 @@ if kind == "kiln":
     name, recs = sys.argv[2], load(sys.argv[3]) or []
     pre = next((r["avg_ts"] for r in recs if r.get("n_gen") == 0), 0.0)
     dec = next((r["avg_ts"] for r in recs if r.get("n_prompt") == 0), 0.0)
-    wb = next((r.get("bytes_per_token", 0) for r in recs), 0)
-    floor = 3.0e12 / wb if wb else 0.0
+    tg = next((r for r in recs if r.get("n_prompt") == 0), {})
+    wb = tg.get("bytes_per_token", 0) + tg.get("kv_bytes_per_token", 0)
+    # kiln's own floor: the bytes over the copy rate it measured at start.
+    floor, bw = tg.get("floor_ts", 0.0), tg.get("read_bandwidth_gbs", 0.0)
     pct = f"{100 * dec / floor:.0f}%" if floor else "—"
-    print(f"| {name} | {wb / 1e6:.0f} MB | {floor:.0f} | {dec:.0f} | {pct} | {pre:.0f} |")
+    print(f"| {name} | {wb / 1e6:.0f} MB | {floor:.0f} ({bw / 1e3:.2f} TB/s) | {dec:.0f} | {pct} | {pre:.0f} |")
 elif kind == "peer":
     p = load(sys.argv[2])
     if p:

@@ -23,12 +23,18 @@
 //! one before, its token taken on the device (`decode_loop`: `pipelined`);
 //! `--sync-steps` waits for each id before queuing the next step, as
 //! llama-bench's loop does (`sync`).
+//!
+//! Each `tgN` also gets its decode floor: the bytes one step reads (the
+//! weights, an untied embedding table one row, plus the K/V at the test's
+//! mean depth) over a measured bandwidth — on CUDA the device's copy rate,
+//! measured at start; on the CPU the threads' read rate, with `--floor`.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use kiln_core::engine::{Feed, Logits};
-use kiln_core::{Backend, DeviceSampling, Engine, KvLayout};
+use kiln_core::kv::KvTypes;
+use kiln_core::{ArchDescriptor, Backend, DeviceSampling, Engine, KvLayout};
 use kiln_cpu::Kernels;
 use kiln_format::{Model, TensorType};
 
@@ -110,6 +116,23 @@ fn bytes_per_token(m: &Model) -> u64 {
         }
     }
     total
+}
+
+/// Mean K/V bytes one decode step reads over `n` steps from an empty
+/// cache: step i attends to i + 1 positions (a sliding layer to at most its
+/// window), each K and V row of `n_kv_heads * head_dim` values.
+fn kv_bytes_per_token(desc: &ArchDescriptor, kv: KvTypes, n: usize) -> f64 {
+    let row = (desc.n_kv_heads * desc.head_dim * (kv.k.size() + kv.v.size())) as f64;
+    let positions: usize = desc
+        .layers
+        .iter()
+        .map(|l| {
+            (1..=n)
+                .map(|d| l.window.map_or(d, |w| d.min(w)))
+                .sum::<usize>()
+        })
+        .sum();
+    row * positions as f64 / n.max(1) as f64
 }
 
 #[inline(always)]
@@ -251,6 +274,8 @@ struct Setup {
     params: u64,
     size: u64,
     bytes_per_token: u64,
+    desc: ArchDescriptor,
+    kv: KvTypes,
 }
 
 /// The backend one group of records ran on.
@@ -277,6 +302,11 @@ impl On {
 }
 
 impl Setup {
+    /// Mean K/V bytes a step of `tgN` reads.
+    fn kv_bytes(&self, n: usize) -> f64 {
+        kv_bytes_per_token(&self.desc, self.kv, n)
+    }
+
     /// The fields every JSON record starts with; each mode adds its own.
     fn json(&self, on: On) -> serde_json::Value {
         let mut v = serde_json::json!({
@@ -302,7 +332,8 @@ impl Setup {
 /// One `ppN` or `tgN` test.
 struct Record {
     on: On,
-    /// Read bandwidth measured for this thread count (bytes/s), with --floor.
+    /// The floor's bandwidth (bytes/s): the device's copy rate (CUDA), or
+    /// the read rate of this thread count with --floor (CPU).
     bandwidth: Option<f64>,
     n_prompt: usize,
     n_gen: usize,
@@ -364,6 +395,8 @@ pub fn run(a: Args) -> CliResult {
         params,
         size,
         bytes_per_token: bytes_per_token(&model),
+        desc: desc.clone(),
+        kv: a.dev.kv_types(),
     };
     let prompts: Vec<usize> = a.n_prompt.concat().into_iter().filter(|&p| p > 0).collect();
     let batches: Vec<usize> = a.batch.concat();
@@ -413,7 +446,9 @@ pub fn run(a: Args) -> CliResult {
     let mut records = Vec::new();
     let mut batch_records = Vec::new();
     for &nt in &threads {
-        let Built { backend, kind, .. } = engine_args::make_backend(
+        let Built {
+            mut backend, kind, ..
+        } = engine_args::make_backend(
             &model,
             &desc,
             &layout,
@@ -433,10 +468,10 @@ pub fn run(a: Args) -> CliResult {
             device_sampling,
             pipelined: device_sampling && backend.pipelines_sampling() && !a.sync_steps,
         };
-        // The bandwidth floor is the CPU's memory read rate.
+        // The floor's bandwidth: the CPU's read rate, the GPU's copy rate.
         let bandwidth = match kind {
             BackendKind::Cpu => a.floor.map(|mib| read_bandwidth(nt, mib)),
-            BackendKind::Cuda => None,
+            BackendKind::Cuda => backend.copy_bandwidth(),
         };
         let mut e = Engine::new(backend, layout.clone());
         if batched {
@@ -649,9 +684,12 @@ fn tests_json(setup: &Setup, records: &[Record]) -> serde_json::Result<String> {
             v["samples_ts"] = serde_json::json!(r.samples);
             v["bytes_per_token"] = per_token.into();
             if let (Some(bw), true) = (r.bandwidth, r.n_gen > 0) {
+                let kv = setup.kv_bytes(r.n_gen);
+                let read = per_token as f64 + kv;
+                v["kv_bytes_per_token"] = kv.round().into();
                 v["read_bandwidth_gbs"] = (bw / 1e9).into();
-                v["floor_ts"] = (bw / per_token as f64).into();
-                v["floor_fraction"] = (avg * per_token as f64 / bw).into();
+                v["floor_ts"] = (bw / read).into();
+                v["floor_fraction"] = (avg * read / bw).into();
             }
             v
         })
@@ -690,11 +728,18 @@ fn tests_md(setup: &Setup, records: &[Record]) -> String {
     for r in records.iter().filter(|r| r.n_gen > 0) {
         if let Some(bw) = r.bandwidth {
             let (avg, _) = mean_sd(&r.samples);
-            let floor = bw / per_token as f64;
+            let kv = setup.kv_bytes(r.n_gen);
+            let floor = bw / (per_token as f64 + kv);
+            let rate = match r.on.kind {
+                BackendKind::Cpu => format!("{} threads' read", r.on.threads),
+                BackendKind::Cuda => "device copy, bytes read + written".to_string(),
+            };
+            let mib = |b: f64| b / (1 << 20) as f64;
             out.push_str(&format!(
-                "\nfloor, {} threads: {:.1} MiB read per token at {:.1} GB/s = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
-                r.on.threads,
-                per_token as f64 / (1 << 20) as f64,
+                "\nfloor, tg{}: {:.1} MiB weights + {:.1} MiB K/V read per token at {:.1} GB/s ({rate}) = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
+                r.n_gen,
+                mib(per_token as f64),
+                mib(kv),
                 bw / 1e9,
                 r.n_gen,
                 100.0 * avg / floor,

@@ -75,7 +75,7 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    fn kv_types(&self) -> KvTypes {
+    pub(crate) fn kv_types(&self) -> KvTypes {
         KvTypes {
             k: self.cache_type_k,
             v: self.cache_type_v,

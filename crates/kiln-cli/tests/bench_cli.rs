@@ -115,6 +115,36 @@ fn llama_bench_records_keep_their_fields() {
 }
 
 #[test]
+fn floor_counts_weights_and_kv_reads() {
+    // The fixture: 3 layers, 2 KV heads of 16 dims, f32 K and V unless told.
+    // tg4 from an empty cache reads 1, 2, 3, 4 positions: a mean of 2.5.
+    for (kv_args, row_bytes) in [(&[][..], 4 + 4), (&["--cache-type-k", "f16"][..], 2 + 4)] {
+        let mut args = vec![
+            "--device", "cpu", "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--floor", "64", "-o",
+            "json",
+        ];
+        args.extend_from_slice(kv_args);
+        let (ok, out, err) = bench(&args);
+        assert!(ok, "{err}");
+        let r = records(&out);
+        assert_eq!(r.len(), 1, "{out}");
+        let rec = &r[0];
+        let kv = rec["kv_bytes_per_token"].as_f64().unwrap_or(-1.0);
+        assert_eq!(kv, (3 * 2 * 16 * row_bytes) as f64 * 2.5, "{rec}");
+        let num = |f: &str| rec[f].as_f64().unwrap_or_else(|| panic!("no {f}: {rec}"));
+        let read = num("bytes_per_token") + kv;
+        let bw = num("read_bandwidth_gbs") * 1e9;
+        assert!(bw > 0.0, "{rec}");
+        assert!(
+            (num("floor_ts") - bw / read).abs() <= 1e-9 * num("floor_ts"),
+            "{rec}"
+        );
+        let frac = num("avg_ts") / num("floor_ts");
+        assert!((num("floor_fraction") - frac).abs() <= 1e-9 * frac, "{rec}");
+    }
+}
+
+#[test]
 fn bad_arguments_are_errors() {
     let (ok, _, err) = bench(&["--batch", "2,0"]);
     assert!(!ok);

@@ -125,6 +125,13 @@ pub trait Backend {
         false
     }
 
+    /// The device memory's measured copy rate (bytes read + written a
+    /// second), the bandwidth of a decode floor; `None` where the backend
+    /// has no device of its own (the CPU's floor is measured by its caller).
+    fn copy_bandwidth(&mut self) -> Option<f64> {
+        None
+    }
+
     /// Like [`Backend::forward`], but each row that wants logits is sampled
     /// by the backend with its own entry of `params` and only the ids come
     /// back (in batch order). Backends without device sampling return an
@@ -156,6 +163,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn samples_on_device(&self) -> bool {
         (**self).samples_on_device()
+    }
+    fn copy_bandwidth(&mut self) -> Option<f64> {
+        (**self).copy_bandwidth()
     }
     fn pipelines_sampling(&self) -> bool {
         (**self).pipelines_sampling()

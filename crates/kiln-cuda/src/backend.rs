@@ -4477,6 +4477,12 @@ impl Backend for CudaBackend {
         true
     }
 
+    fn copy_bandwidth(&mut self) -> Option<f64> {
+        // 256 MiB each way, several times any L2; None if that much is not
+        // free beside the model.
+        self.gpu.copy_bandwidth(256 << 20, 10).ok()
+    }
+
     fn pipelines_sampling(&self) -> bool {
         true
     }

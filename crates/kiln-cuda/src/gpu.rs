@@ -1092,6 +1092,47 @@ impl Gpu {
         })
     }
 
+    /// The device's copy rate in bytes read + written a second (the decode
+    /// floor's bandwidth): `reps` device-to-device copies of `bytes`, after
+    /// one untimed, between two events on the stream.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> CuResult<f64> {
+        self.bind()?;
+        let src = DevBuf::zeroed(bytes)?;
+        let dst = DevBuf::alloc(bytes)?;
+        let copy = || {
+            // SAFETY: both buffers hold `bytes` and outlive the sync below.
+            drv("copy", unsafe {
+                dr::memcpy_dtod_async(dst.ptr, src.ptr, bytes, self.stream)
+            })
+        };
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let ev = [
+            drv("event", dr::event::create(flags))?,
+            drv("event", dr::event::create(flags))?,
+        ];
+        let timed = (|| {
+            copy()?;
+            // SAFETY: live events on the live stream.
+            drv("event", unsafe { dr::event::record(ev[0], self.stream) })?;
+            for _ in 0..reps {
+                copy()?;
+            }
+            drv("event", unsafe { dr::event::record(ev[1], self.stream) })?;
+            self.sync()?;
+            // SAFETY: both recorded, the stream synced.
+            drv("event time", unsafe { dr::event::elapsed(ev[0], ev[1]) })
+        })();
+        for e in ev {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { dr::event::destroy(e) };
+        }
+        let ms = f64::from(timed?);
+        if ms <= 0.0 {
+            return Err(CudaError("copy bandwidth: no time elapsed".into()));
+        }
+        Ok(2.0 * bytes as f64 * reps as f64 / (ms / 1e3))
+    }
+
     pub fn sync(&self) -> CuResult<()> {
         // SAFETY: valid stream.
         drv("synchronize", unsafe {
