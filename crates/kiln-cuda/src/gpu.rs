@@ -168,6 +168,9 @@ pub struct DeviceInfo {
     pub driver_version: i32,
     pub nvrtc: Option<(i32, i32)>,
     pub total_mem: usize,
+    /// The memory's peak rate by its datasheet (bytes/s: clock × 2 × bus
+    /// width, as the driver reports them); 0 where the driver does not.
+    pub peak_bandwidth: f64,
     /// How the kernels were obtained: "compiled M of N modules (T ms)" or
     /// "cache".
     pub kernels: String,
@@ -616,6 +619,16 @@ impl Gpu {
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        // Double data rate: two transfers a clock of the bus.
+        let peak_bandwidth = match (
+            attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        ) {
+            (Ok(khz), Ok(bits)) if khz > 0 && bits > 0 => {
+                f64::from(khz) * 1e3 * 2.0 * f64::from(bits) / 8.0
+            }
+            _ => 0.0,
+        };
         let name = dr::device::get_name(dev).unwrap_or_else(|_| "?".into());
         // SAFETY: valid device.
         let total_mem = drv("total memory", unsafe { dr::device::total_mem(dev) })?;
@@ -670,6 +683,7 @@ impl Gpu {
             driver_version: ver,
             nvrtc,
             total_mem,
+            peak_bandwidth,
             kernels: how,
             kernel_cache: cache,
         };
