@@ -365,6 +365,14 @@ __device__ __forceinline__ void unit<T_Q4_0R>(const u8* __restrict__ row, int u,
     }
 }
 
+// Values i and 16 + i of a 5-bit unit: byte i's two nibbles (of the
+// unit's 16 quant bytes in a) and fifth bits i and 16 + i of qh.
+__device__ __forceinline__ void q5_pair(const u32* a, u32 qh, int i, int* lo, int* hi) {
+    int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
+    *lo = (q & 15) | (((qh >> i) & 1) << 4);
+    *hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
+}
+
 // Repacked Q5_0: w = d * (q - 16), q's fifth bit from the unit's word
 // (bit i: value i, bit 16 + i: value 16 + i).
 template <>
@@ -375,9 +383,8 @@ __device__ __forceinline__ void unit<T_Q5_0R>(const u8* __restrict__ row, int u,
     u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
-        int lo = (q & 15) | (((qh >> i) & 1) << 4);
-        int hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
+        int lo, hi;
+        q5_pair(a, qh, i, &lo, &hi);
         w[i] = d * (float)(lo - 16);
         w[i + 16] = d * (float)(hi - 16);
     }
@@ -408,9 +415,8 @@ __device__ __forceinline__ void unit<T_Q5_1R>(const u8* __restrict__ row, int u,
     u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        int q = (a[i >> 2] >> (8 * (i & 3))) & 0xff;
-        int lo = (q & 15) | (((qh >> i) & 1) << 4);
-        int hi = (q >> 4) | (((qh >> (i + 16)) & 1) << 4);
+        int lo, hi;
+        q5_pair(a, qh, i, &lo, &hi);
         // As unit<T_Q5_1>: the same expression per value.
         w[i] = d * (float)lo + m;
         w[i + 16] = d * (float)hi + m;
