@@ -32,6 +32,7 @@
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
+#   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
 # `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
@@ -423,5 +424,33 @@ skip)
     done; done
     rm -rf $D
   done ;;
+q23k)
+  # Branch q23k-mvq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): Q2_K /
+  # Q3_K decode over 8-bit x. Fixtures (op level), then a Q3_K_M and a Q2_K 1B model: each
+  # block's distance to kiln-cpu (the fourth block of --logits) for main and branch, and the
+  # branch's exact mode (KILN_CUDA_EXACT=1: f32 x, as main's Q2_K / Q3_K GEMVs), then tg256
+  # alternated twice.
+  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -iE 'q[23]_k' $OUT/checks.txt | head -8
+  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m,q2_k > /dev/null 2>&1; date -u +%T
+  for t in q3_k_m q2_k; do
+    m=/tmp/k1/model-$t.gguf
+    /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
+    /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    KILN_CUDA_EXACT=1 /tmp/cc --logits $m "$IDS" /tmp/e.bin > /dev/null 2>&1
+    for x in a b e; do echo "$t $x: blocks against kiln-cpu"; python3 - /tmp/$x.bin <<'PY'
+import sys
+from array import array
+V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
+cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
+for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
+    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
+    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
+PY
+    done
+  done
+  for r in 1 2; do for t in q3_k_m q2_k; do for b in kiln_a kiln; do
+    echo "$t $b $(/tmp/$b bench /tmp/k1/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done; done ;;
 esac
 date -u +%T
