@@ -78,7 +78,12 @@ fn check_f32(name: &str) {
 }
 
 fn check_quant(name: &str, types: &[&str]) {
-    let dir = fixtures().join("tiny").join(name);
+    check_quant_in(&fixtures().join("tiny").join(name), name, types);
+}
+
+/// check_quant over `dir/ref_llamacpp_{t}.safetensors` and
+/// `dir/gguf/{name}-{t}.gguf`.
+fn check_quant_in(dir: &Path, name: &str, types: &[&str]) {
     for t in types {
         let r = Arrays::open(&dir.join(format!("ref_llamacpp_{t}.safetensors")));
         let ids = r.ids("input_ids");
@@ -139,6 +144,14 @@ fn gpt2() {
 #[test]
 fn llama_kq() {
     check_quant("llama_kq", &["q4_k", "q6_k", "q4_k_m"]);
+}
+
+/// The 2- and 3-bit k-quants (tests/data/kq_low: llama.cpp's quantizer from
+/// llama_kq's Q6_K file, tools/gen_kq_low_refs.py).
+#[test]
+fn llama_kq_low_bits() {
+    let dir = fixtures().join("../kq_low");
+    check_quant_in(&dir, "llama_kq", &["q2_k", "q3_k", "q3_k_m"]);
 }
 
 /// Two sequences decoded in the same batches: the reference sequence still

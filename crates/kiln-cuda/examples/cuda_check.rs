@@ -1204,6 +1204,10 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         }
         check_quant(&dir, name, quants, &mut rows);
     }
+    // The 2- and 3-bit k-quants: tests/data/kq_low beside the fixtures.
+    if let Some(low) = fixtures.parent().map(|d| d.join("kq_low")) {
+        check_quant(&low, "llama_kq", &["q2_k", "q3_k", "q3_k_m"], &mut rows);
+    }
     for name in ["qwen3", "gemma3"] {
         check_batch(&tiny.join(name), name, &mut rows);
     }
