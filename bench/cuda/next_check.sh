@@ -32,6 +32,7 @@
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
+#   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
 #   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -424,6 +425,21 @@ skip)
     done; done
     rm -rf $D
   done ;;
+phases)
+  # NOTES.md "Next" (the 4-bit step's fixed costs on the H200): the most that removing the O
+  # and the down phases could give (KILN_CUDA_SKIP of their residual kernels: outputs wrong,
+  # timing only), 8B / 1B Q4_0 and Q4_K_M, tg256 p16; then the grid barrier against a kernel
+  # boundary on this GPU (cuda_check --sync-micro, item 47's H100 table beside it).
+  /tmp/kiln synth Llama-3.2-1B /tmp/ph1 --types q4_0,q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/ph8 --types q4_0,q4_k_m > /dev/null 2>&1; date -u +%T
+  # Q4_0: O is mvqsr4, down mvqsr8; Q4_K_M's O and down share mvqsr2_q4_kr / mvqsr4_q6_kr.
+  ALL=mvqsr8_q4_0r,mvqsr4_q4_0r,mvqsr2_q4_kr,mvqsr4_q6_kr
+  for r in 1 2; do for m in ph8/model-q4_0.gguf ph8/model-q4_k_m.gguf ph1/model-q4_0.gguf ph1/model-q4_k_m.gguf; do
+    for sk in none mvqsr4_q4_0r mvqsr8_q4_0r $ALL; do
+      echo "$m skip=${sk:0:28} $(KILN_CUDA_SKIP=$sk /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    done
+  done; done
+  timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
 q23k)
   # Branch q23k-mvq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): Q2_K /
   # Q3_K decode over 8-bit x. Fixtures (op level), then a Q3_K_M and a Q2_K 1B model: each
