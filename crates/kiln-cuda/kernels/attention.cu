@@ -1445,3 +1445,27 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
                                     u16* __restrict__ kh, u16* __restrict__ vh) {                      \
         gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, L, kvd, kh, vh);             \
     }
+
+// Every attention kernel for K/V elements of type T (float or u16 for f16),
+// their names suffixed S (empty for f32, _h for f16): one list for
+// attention_f32.cu and attention_f16.cu, each its own module.
+#define ATTENTION_KERNELS(S, T)                                    \
+    QKV_POST(qkv_post##S, T)                                       \
+    ATTENTION(attention_d2##S, attention_f2##S, 2, false, T, 1)    \
+    ATTENTION(attention_d4##S, attention_f4##S, 4, false, T, 1)    \
+    ATTENTION(attention_d8##S, attention_f8##S, 8, false, T, 1)    \
+    ATTENTION(attention_cd4##S, attention_cf4##S, 4, true, T, 1)   \
+    ATTENTION(attention_dg2##S, attention_fg2##S, 2, false, T, 4)  \
+    ATTENTION(attention_dg4##S, attention_fg4##S, 4, false, T, 4)  \
+    ATTENTION_WIDE(attention_fw2##S, attention_flw2##S, T, 2, 32)  \
+    ATTENTION_WIDE(attention_fw4##S, attention_flw4##S, T, 4, 16)  \
+    ATTENTION_L2W(attention_fl2##S, 2, false, T, 1)                \
+    ATTENTION_L2W(attention_fl4##S, 4, false, T, 1)                \
+    ATTENTION_L2W(attention_cfl4##S, 4, true, T, 1)                \
+    ATTENTION_L2W(attention_flg2##S, 2, false, T, 4)               \
+    ATTENTION_L2W(attention_flg4##S, 4, false, T, 4)               \
+    ATT_GQA(attention_g2##S, 2, T)                                 \
+    ATT_GQA(attention_g4##S, 4, T)                                 \
+    ATT_GQA(attention_g8##S, 8, T)                                 \
+    ATT_TILE(attention_tile##S, T)                                 \
+    GATHER_KV(gather_kv_half##S, T)

@@ -504,6 +504,7 @@ impl ArgList {
 /// MB; 1B lost 2-11% from 12 MiB up. Quantized GEMVs preload their rows
 /// before waiting and gained nothing. NOTES.md item 44.)
 const L2_AHEAD: usize = 8 << 20;
+const L2_AHEAD_ACT_MAX: usize = 24 << 20;
 
 /// Peak memory rate from which the L2 windows are off: on the H200 (4.9
 /// TB/s by its clock and bus, 4.16 measured) tg256 gained without them, 8B
@@ -511,18 +512,16 @@ const L2_AHEAD: usize = 8 << 20;
 /// gained with them (NOTES.md items 44, 87).
 const L2_AHEAD_MAX_BANDWIDTH: f64 = 4.0e12;
 
-/// The L2 window's reach unless `$KILN_CUDA_L2PF` sets it: Hopper (bulk
-/// L2 prefetch) with memory slower than [`L2_AHEAD_MAX_BANDWIDTH`] (or of
-/// a rate the driver does not report).
-fn l2_ahead_default(info: &crate::gpu::DeviceInfo) -> usize {
-    let fast = info.peak_bandwidth >= L2_AHEAD_MAX_BANDWIDTH;
-    if info.cc.0 >= 9 && !fast {
-        L2_AHEAD
-    } else {
+/// The L2 window's reach on Hopper (bulk L2 prefetch) unless
+/// `$KILN_CUDA_L2PF` sets it: none on memory of [`L2_AHEAD_MAX_BANDWIDTH`]
+/// or more (a rate the driver does not report, 0, keeps them).
+fn l2_ahead_default(peak_bandwidth: f64) -> usize {
+    if peak_bandwidth >= L2_AHEAD_MAX_BANDWIDTH {
         0
+    } else {
+        L2_AHEAD
     }
 }
-const L2_AHEAD_ACT_MAX: usize = 24 << 20;
 
 /// Prefill chunks of one sequence from position 0 with at least this many
 /// tokens run attention as two cuBLAS GEMMs around a softmax kernel
@@ -2535,11 +2534,14 @@ impl CudaBackend {
             fuse_glu: opts.fuse_glu,
             kv: opts.kv,
             norm_blocks: env_parse("KILN_CUDA_NORM_BLOCKS"),
-            l2_ahead: std::env::var("KILN_CUDA_L2PF")
-                .ok()
-                .and_then(|v| parse_bytes(&v))
-                .filter(|_| gpu.info.cc.0 >= 9)
-                .unwrap_or_else(|| l2_ahead_default(&gpu.info)),
+            l2_ahead: if gpu.info.cc.0 >= 9 {
+                std::env::var("KILN_CUDA_L2PF")
+                    .ok()
+                    .and_then(|v| parse_bytes(&v))
+                    .unwrap_or_else(|| l2_ahead_default(gpu.info.peak_bandwidth))
+            } else {
+                0
+            },
             l2_ahead_act: std::env::var("KILN_CUDA_L2PF_ACT")
                 .ok()
                 .and_then(|v| parse_bytes(&v)),

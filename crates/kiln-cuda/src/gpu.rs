@@ -254,8 +254,9 @@ pub const PRELUDE: [&str; 2] = ["common.cu", "quant.cu"];
 /// The kernel modules: each is the prelude, then these files. Compiled as
 /// separate modules, a cold start compiles them on parallel threads and a
 /// source change recompiles only the modules that include it. A file in
-/// more than one module (attention.cu: templates and macros) instantiates
-/// no kernel. A timeline build compiles everything as one module: its stamp
+/// more than one module (attention.cu: templates and macros, its kernel
+/// list `ATTENTION_KERNELS` expanded once per K/V type) instantiates no
+/// kernel. A timeline build compiles everything as one module: its stamp
 /// ring is one device global.
 pub const MODULES: [(&str, &[&str]); 9] = [
     ("repack", &["repack.cu"]),
@@ -1111,7 +1112,8 @@ impl Gpu {
     /// one untimed, between two events on the stream.
     pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> CuResult<f64> {
         self.bind()?;
-        let src = DevBuf::zeroed(bytes)?;
+        // What the bytes are does not matter to the copy's rate.
+        let src = DevBuf::alloc(bytes)?;
         let dst = DevBuf::alloc(bytes)?;
         let copy = || {
             // SAFETY: both buffers hold `bytes` and outlive the sync below.
@@ -1120,10 +1122,16 @@ impl Gpu {
             })
         };
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let ev = [
-            drv("event", dr::event::create(flags))?,
-            drv("event", dr::event::create(flags))?,
-        ];
+        let start = drv("event", dr::event::create(flags))?;
+        let end = drv("event", dr::event::create(flags));
+        let ev = match end {
+            Ok(end) => [start, end],
+            Err(e) => {
+                // SAFETY: created above, destroyed once.
+                let _ = unsafe { dr::event::destroy(start) };
+                return Err(e);
+            }
+        };
         let timed = (|| {
             copy()?;
             // SAFETY: live events on the live stream.
