@@ -880,6 +880,59 @@ __device__ __forceinline__ float qdot<T_Q6_K>(const u8* __restrict__ row, int u,
     return ld_h(b + 208) * dx * (float)(sc0 * s0 + sc1 * s1);
 }
 
+// { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: w = d * (sc - 32) * q,
+// q = the 2-bit value + 4 * its hmask bit - 4, a 6-bit scale per 16 values.
+// Unit j of a super-block: qs bytes 32 (j / 4) + l shifted by 2 (j % 4),
+// hmask bit j of byte l (as unit<T_Q3_K>).
+template <>
+__device__ __forceinline__ float qdot<T_Q3_K>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 110;
+    int j = u & 7;
+    const u8* qs = b + 32 + (j >> 2) * 32;
+    int shift = 2 * (j & 3);
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 lv = ld_u32_a2(qs + 4 * k), hv = ld_u32_a2(b + 4 * k);
+        u32 q = ((lv >> shift) & 0x03030303u) | (((hv >> j) & 0x01010101u) << 2);
+        int qv = (int)__vsub4(q, 0x04040404u);
+        if (k < 4)
+            s0 = __dp4a(qv, xv[k], s0);
+        else
+            s1 = __dp4a(qv, xv[k], s1);
+    }
+    const u8* sc = b + 96;
+    int sc0 = q3k_scale(sc, 2 * j) - 32, sc1 = q3k_scale(sc, 2 * j + 1) - 32;
+    return ld_h(b + 108) * dx * (float)(sc0 * s0 + sc1 * s1);
+}
+
+// { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }: w = d * (sc & 15) * q -
+// dmin * (sc >> 4), a scale byte per 16 values. The minimum's term takes the
+// sum of the 8-bit x of each half (as llama.cpp's Q2_K dot does), not xs.
+template <>
+__device__ __forceinline__ float qdot<T_Q2_K>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 84;
+    int j = u & 7;
+    const u8* qs = b + 16 + (j >> 2) * 32;
+    int shift = 2 * (j & 3);
+    int s0 = 0, s1 = 0, m0 = 0, m1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int q = (int)((ld_u32_a2(qs + 4 * k) >> shift) & 0x03030303u);
+        if (k < 4) {
+            s0 = __dp4a(q, xv[k], s0);
+            m0 = __dp4a(0x01010101, xv[k], m0);
+        } else {
+            s1 = __dp4a(q, xv[k], s1);
+            m1 = __dp4a(0x01010101, xv[k], m1);
+        }
+    }
+    int sc0 = b[2 * j], sc1 = b[2 * j + 1];
+    float sd = (float)((sc0 & 15) * s0 + (sc1 & 15) * s1);
+    float sm = (float)((sc0 >> 4) * m0 + (sc1 >> 4) * m1);
+    return dx * (ld_h(b + 80) * sd - ld_h(b + 82) * sm);
+}
+
 // Units per lane in flight. (Two rows per warp sharing the activation loads
 // measured 5-10% slower at the 1B shape: half the warps, each longer.) Four
 // for Q4_K and Q6_K: +4-5% decode (1B and 8B shapes); Q4_0 measured the same
@@ -998,6 +1051,8 @@ MVQR(q8_0r, T_Q8_0R)
 MVQR(q5_0r, T_Q5_0R)
 MVQR(q4_1r, T_Q4_1R)
 MVQR(q5_1r, T_Q5_1R)
+MVQ(q2_k, T_Q2_K)
+MVQ(q3_k, T_Q3_K)
 MVQ(q4_k, T_Q4_K)
 MVQ(q5_k, T_Q5_K)
 MVQ(q6_k, T_Q6_K)
@@ -1765,6 +1820,8 @@ MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)
 MVQ_NT(q5_kr, T_Q5_KR)
+MVQ_NT(q2_k, T_Q2_K)
+MVQ_NT(q3_k, T_Q3_K)
 MVQ_NT(q4_k, T_Q4_K)
 MVQ_NT(q5_k, T_Q5_K)
 MVQ_NT(q6_k, T_Q6_K)

@@ -190,6 +190,14 @@ __device__ __forceinline__ void unit<T_Q2_K>(const u8* __restrict__ row, int u, 
     }
 }
 
+// Scale k (0-15) of a Q3_K super-block's 12 scale bytes: 6 bits, stored
+// + 32 (ggml's aux shuffle: a nibble of byte k % 8, two bits of byte 8 + k % 4).
+__device__ __forceinline__ int q3k_scale(const u8* sc, int k) {
+    int low = k < 8 ? (sc[k] & 15) : (sc[k - 8] >> 4);
+    int high = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+    return low | (high << 4);
+}
+
 // { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }
 template <>
 __device__ __forceinline__ void unit<T_Q3_K>(const u8* __restrict__ row, int u, int cols, float* w) {
@@ -202,10 +210,7 @@ __device__ __forceinline__ void unit<T_Q3_K>(const u8* __restrict__ row, int u, 
     int shift = 2 * (j & 3);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        int k = 2 * j + h;
-        int low = k < 8 ? (sc[k] & 15) : (sc[k - 8] >> 4);
-        int high = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
-        float dl = d * (float)((low | (high << 4)) - 32);
+        float dl = d * (float)(q3k_scale(sc, 2 * j + h) - 32);
 #pragma unroll
         for (int l = 0; l < 16; l++) {
             int ll = 16 * h + l;

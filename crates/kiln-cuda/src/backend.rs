@@ -66,6 +66,8 @@ pub(crate) fn mvq_type_name(ty: GgmlType) -> Option<&'static str> {
         Q5_0 => "q5_0",
         Q5_1 => "q5_1",
         Q8_0 => "q8_0",
+        Q2K => "q2_k",
+        Q3K => "q3_k",
         Q4K => "q4_k",
         Q5K => "q5_k",
         Q6K => "q6_k",
