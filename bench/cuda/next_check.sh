@@ -33,6 +33,7 @@
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 #   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
+#   bash bench/cuda/next_check.sh q3kr     # branch q3kr vs main: fixtures, Q3_K_M / Q3_K logits bit for bit, tg256; GEMV micro
 #   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
@@ -440,6 +441,31 @@ phases)
     done
   done; done
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
+q3kr)
+  # Branch q3kr (kiln.xz, cuda_check.xz) against main with q23k-mvq (kiln_a.xz, cuda_check_a.xz):
+  # repacked Q3_K and its fused kernels. Fixtures (op level: repacked = plain bit for bit; the
+  # kq_low models; Q3_K add_norm / act_mul fused = separate bit for bit), then 1B Q3_K_M and
+  # Q3_K logits: branch = main = KILN_CUDA_REPACK=0 = KILN_CUDA_FUSE_NORM=0, bit for bit; tg256
+  # alternated twice (1B), once (8B Q3_K_M); then the default GEMV micro on this GPU.
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q3_K|q3_k|Q3_K, ' $OUT/checks.txt | head -24
+  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m,q3_k > /dev/null 2>&1; date -u +%T
+  for t in q3_k_m q3_k; do
+    m=/tmp/k1/model-$t.gguf; n=$((3 * 24 * 128256 * 4))
+    /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
+    /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    KILN_CUDA_REPACK=0 /tmp/cc --logits $m "$IDS" /tmp/r.bin > /dev/null 2>&1
+    KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $m "$IDS" /tmp/f.bin > /dev/null 2>&1
+    for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "$t: branch = $x, bit for bit"; done
+  done
+  for r in 1 2; do for t in q3_k_m q3_k; do for b in kiln_a kiln; do
+    echo "1B $t $b $(/tmp/$b bench /tmp/k1/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done; done
+  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q3_k_m > /dev/null 2>&1; date -u +%T
+  for b in kiln_a kiln; do
+    echo "8B q3_k_m $b $(/tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
+  done
+  timeout 120 /tmp/cc --gemv-micro 2>&1 | tail -16 ;;
 q23k)
   # Branch q23k-mvq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): Q2_K /
   # Q3_K decode over 8-bit x. Fixtures (op level), then a Q3_K_M and a Q2_K 1B model: each

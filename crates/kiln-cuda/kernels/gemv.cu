@@ -507,6 +507,14 @@ struct Rq<T_Q5_KR> {
     static constexpr int QW = 3, UW = 6;
 };
 
+// Repacked Q3_K: word 0 the super-block's header, word 1 the unit's 2-bit
+// words (x, y) and high-bit word (z); `d` carries the unit's index in the
+// super-block, as Q4_KR's. Two units a lane in flight, as Q4_KR.
+template <>
+struct Rq<T_Q3_KR> {
+    static constexpr int QW = 2, UW = 4;
+};
+
 template <int T>
 __device__ __forceinline__ void rload(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
     const u8* p = r8_q<Rq<T>::QB>(row, u);
@@ -560,6 +568,15 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
     q[0] = ld_stream16(b + 16 + 16 * (u & 7));
     q[1] = ld_stream16(b);
     q[2] = make_uint4(ld_stream4(b + 144 + 4 * (u & 7)), 0u, 0u, 0u);
+    *d = (u16)(u & 7);
+}
+
+template <>
+__device__ __forceinline__ void rload<T_Q3_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u >> 3) * 112;
+    q[0] = ld_stream16(b);
+    uint2 v = ld_stream8(b + 16 + 8 * (u & 7));
+    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * (u & 7)), 0u);
     *d = (u16)(u & 7);
 }
 
@@ -624,6 +641,14 @@ __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int
     const u8* pq = b + 16 + 16 * (u0 & 7);
     q[0] = ld_stream16(pq + 4 * 144 * k);
     q[1] = ld_stream16(b + 4 * 144 * k);
+    *d = (u16)(u0 & 7);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q3_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u0 >> 3) * 112;
+    q[0] = ld_stream16(b + 4 * 112 * k);
+    uint2 v = ld_stream8(b + 16 + 8 * (u0 & 7) + 4 * 112 * k);
+    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * (u0 & 7) + 4 * 112 * k), 0u);
     *d = (u16)(u0 & 7);
 }
 template <>
@@ -756,6 +781,23 @@ __device__ __forceinline__ float rdot<T_Q5_KR>(const uint4* q, u16 d, const int*
     return k4_hsum(q[1], d, s, dx, sx);
 }
 
+// qdot<T_Q3_K>'s integer sums and float arithmetic, from the repacked words.
+template <>
+__device__ __forceinline__ float rdot<T_Q3_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int qv = (int)__vsub4(q3kr_word(q[1].x, q[1].y, q[1].z, k), 0x04040404u);
+        if (k < 4)
+            s0 = __dp4a(qv, xv[k], s0);
+        else
+            s1 = __dp4a(qv, xv[k], s1);
+    }
+    int sc0, sc1;
+    q3kr_scales(q[0], d, sc0, sc1);
+    return h2f((u16)(q[0].w & 0xffff)) * dx * (float)((sc0 - 32) * s0 + (sc1 - 32) * s1);
+}
+
 // qdot of a repacked type: its registers loaded, then rdot.
 template <int T>
 __device__ __forceinline__ float rqdot(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
@@ -803,6 +845,11 @@ __device__ __forceinline__ float qdot<T_Q4_KR>(const u8* __restrict__ row, int u
 template <>
 __device__ __forceinline__ float qdot<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     return rqdot<T_Q5_KR>(row, u, cols, xv, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q3_KR>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q3_KR>(row, u, cols, xv, dx, sx);
 }
 
 // get_scale_min_k4 as integers.
@@ -1060,8 +1107,10 @@ MVQR(q4_0r, T_Q4_0R)
 MVQR(q6_kr, T_Q6_KR)
 MVQR(q4_kr, T_Q4_KR)
 MVQR(q5_kr, T_Q5_KR)
+MVQR(q3_kr, T_Q3_KR)
 MVQA(q4_kr, T_Q4_KR)
 MVQA(q5_kr, T_Q5_KR)
+MVQA(q3_kr, T_Q3_KR)
 MVQA(q6_kr, T_Q6_KR)
 // Q6_KR with two units per lane in flight, for rows of at most 2,048
 // columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
@@ -1521,10 +1570,12 @@ MVQST(4)
 
 MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)
+MVQSN(q3_kr, T_Q3_KR, 2)
 MVQSN(q6_kr, T_Q6_KR, 4)
 MVQSN(q6_kr, T_Q6_KR, 2)
 MVQSR(q4_kr, T_Q4_KR, 2)
 MVQSR(q5_kr, T_Q5_KR, 2)
+MVQSR(q3_kr, T_Q3_KR, 2)
 MVQSR(q6_kr, T_Q6_KR, 4)
 // The k-quant mixes of models whose rows are not whole super-blocks (960,
 // 1,152 columns): Q5_0 products, and Q8_0 V products staging the norm
@@ -1563,6 +1614,9 @@ MVQA(q5_1r, T_Q5_1R)
 MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_0r, T_Q5_0R, 4, q8_0r, T_Q8_0R, 2)
+// Q3_K_M's Q|K with its V (Q5_K in the first two layers, Q4_K after).
+MVQSNP(q3_kr, T_Q3_KR, 2, q4_kr, T_Q4_KR, 2)
+MVQSNP(q3_kr, T_Q3_KR, 2, q5_kr, T_Q5_KR, 2)
 
 // The ceiling of a warp-per-row GEMV for `cuda_check --gemv-micro`: the
 // row's bytes in 16-byte loads, 8 in flight per lane, no arithmetic but an xor.
@@ -1820,6 +1874,7 @@ MVQ_NT(q4_0r, T_Q4_0R)
 MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)
 MVQ_NT(q5_kr, T_Q5_KR)
+MVQ_NT(q3_kr, T_Q3_KR)
 MVQ_NT(q2_k, T_Q2_K)
 MVQ_NT(q3_k, T_Q3_K)
 MVQ_NT(q4_k, T_Q4_K)

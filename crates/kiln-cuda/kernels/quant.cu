@@ -550,3 +550,58 @@ __device__ __forceinline__ void unit<T_Q5_KR>(const u8* __restrict__ row, int u,
         w[i + 16] = dl * (float)((q >> 4) | (((h >> (i + 16)) & 1) << 4)) - ml;
     }
 }
+
+// ---- Repacked Q3_K (rows of whole super-blocks, rewritten into a new buffer
+// at load by `repack_q3k`: 110 -> 112 bytes a super-block, so that each
+// starts 16-byte aligned). A super-block: a 16-byte header (words x / y:
+// the low 4 bits of scales 0-7 / 8-15, scale k at bits 4 (k % 8); z: their
+// high 2 bits, scale k at bits 2k; w: d), then per unit 8 bytes of 2-bit
+// values (words A / B: dp4a word k's 4 values, byte i value 4k + i, at bits
+// k of A for even k, of B for odd k, in pairs: shift 2 (k / 2)), then per
+// unit a word of high bits (value 4k + i at bit 8i + k). In the file a
+// unit's 2-bit values are a quarter of 32 bytes shared with 3 units and
+// its high bits bit j of all 32 hmask bytes: 64 bytes loaded for 12 used.
+// Now an 8-byte and a 4-byte load, plus the header (coalesced across the 8
+// lanes of a super-block). Same values. Kernel type id: T_REPACKED + T_Q3_K.
+#define T_Q3_KR (T_REPACKED + T_Q3_K)
+
+// Unit j's two 6-bit scales (values 0-15 and 16-31), stored + 32, from a
+// repacked Q3_K header.
+__device__ __forceinline__ void q3kr_scales(const uint4& h, int j, int& sc0, int& sc1) {
+    u32 lo = (j < 4 ? h.x : h.y) >> (8 * (j & 3)), hi = h.z >> (4 * j);
+    sc0 = (int)((lo & 15) | ((hi & 3) << 4));
+    sc1 = (int)(((lo >> 4) & 15) | (((hi >> 2) & 3) << 4));
+}
+
+// Dp4a word k (values 4k..4k+3, byte i: value 4k + i) of a repacked Q3_K
+// unit's 2-bit words a / b and high-bit word h, as the unsigned 3-bit
+// values (2 bits + 4 * high bit).
+__device__ __forceinline__ u32 q3kr_word(u32 a, u32 b, u32 h, int k) {
+    return (((k & 1 ? b : a) >> (2 * (k >> 1))) & 0x03030303u) | (((h >> k) & 0x01010101u) << 2);
+}
+
+template <>
+__device__ __forceinline__ void unit<T_Q3_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 3) * 112;
+    int j = u & 7;
+    uint4 hd = *(const uint4*)b;
+    uint2 q = *(const uint2*)(b + 16 + 8 * j);
+    u32 hm = *(const u32*)(b + 80 + 4 * j);
+    float d = h2f((u16)(hd.w & 0xffff));
+    int sc[2];
+    q3kr_scales(hd, j, sc[0], sc[1]);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        // As unit<T_Q3_K>: the same expression per value.
+        float dl = d * (float)(sc[h] - 32);
+#pragma unroll
+        for (int k = 4 * h; k < 4 * h + 4; k++) {
+            u32 v = q3kr_word(q.x, q.y, hm, k);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int qv = (int)((v >> (8 * i)) & 7);
+                w[4 * k + i] = dl * (float)((qv & 3) - (qv & 4 ? 0 : 4));
+            }
+        }
+    }
+}

@@ -63,6 +63,43 @@ extern "C" __global__ void repack_q4k(u8* W, u64 nsb) { PDL_ENTRY();
     }
 }
 
+// Out of place, one thread per super-block (grid-stride over `nsb` of them):
+// Q3_K's 110-byte super-blocks at src into repacked Q3_K's 112 at dst
+// (16-byte aligned), the layout quant.cu describes at T_Q3_KR.
+extern "C" __global__ void repack_q3k(const u8* src, u8* dst, u64 nsb) { PDL_ENTRY();
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < nsb; t += (u64)gridDim.x * blockDim.x) {
+        const u8* b = src + t * 110;
+        u32* o = (u32*)(dst + t * 112);
+        const u8* hm = b;
+        u32 lo0 = 0, lo1 = 0, hi = 0;
+        for (int k = 0; k < 16; k++) {
+            u32 sc = (u32)q3k_scale(b + 96, k);
+            if (k < 8)
+                lo0 |= (sc & 15) << (4 * k);
+            else
+                lo1 |= (sc & 15) << (4 * (k - 8));
+            hi |= (sc >> 4) << (2 * k);
+        }
+        o[0] = lo0;
+        o[1] = lo1;
+        o[2] = hi;
+        o[3] = (u32)b[108] | ((u32)b[109] << 8);
+        for (int j = 0; j < 8; j++) {
+            const u8* qs = b + 32 + (j >> 2) * 32;
+            int shift = 2 * (j & 3);
+            u32 w[2] = {0, 0}, h = 0;
+            for (int l = 0; l < 32; l++) {
+                int k = l >> 2, i = l & 3;
+                w[k & 1] |= (u32)((qs[l] >> shift) & 3) << (8 * i + 2 * (k >> 1));
+                h |= (u32)((hm[l] >> j) & 1) << (8 * i + k);
+            }
+            o[4 + 2 * j] = w[0];
+            o[5 + 2 * j] = w[1];
+            o[20 + j] = h;
+        }
+    }
+}
+
 // In place, one thread per super-block (grid-stride over `nsb` of them,
 // 16-byte aligned): Q5_K into repacked Q5_K.
 extern "C" __global__ void repack_q5k(u8* W, u64 nsb) { PDL_ENTRY();

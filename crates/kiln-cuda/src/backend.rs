@@ -96,7 +96,10 @@ pub(crate) const REPACKED: usize = 48;
 /// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
 /// (`repack_q6k`): the super-blocks' f16 scales moved aside so that the rest
 /// of each starts 16-byte aligned, a unit's 6-bit quants as one 16-byte and
-/// one 8-byte word.
+/// one 8-byte word. Q3_K (`repack_q3k`, into a new buffer): each
+/// super-block 112 bytes instead of 110, its scales re-laid for shifts
+/// behind d in a 16-byte header, then a unit's 2-bit values as one 8-byte
+/// word and its high bits as one 4-byte word.
 pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
     match ty {
         GgmlType::Q4_0 => Some("q4_0r"),
@@ -107,6 +110,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q6K => Some("q6_kr"),
         GgmlType::Q4K => Some("q4_kr"),
         GgmlType::Q5K => Some("q5_kr"),
+        GgmlType::Q3K => Some("q3_kr"),
         _ => None,
     }
 }
@@ -133,6 +137,9 @@ pub(crate) enum Repack {
     /// `repack_q4k` / `repack_q5k`: each super-block in its place.
     Q4K,
     Q5K,
+    /// `repack_q3k`: rows of this many super-blocks into a new buffer of
+    /// 112 bytes a super-block.
+    Q3K(usize),
 }
 
 /// Super-blocks a Q6_K row may have to be repacked in place: at least as
@@ -159,19 +166,24 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         }
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
+        GgmlType::Q3K if whole && cols > 0 => Some(Repack::Q3K(cols / 256)),
         _ => None,
     }
 }
 
 /// Bytes a row of `cols` values of `ty` takes where its repacked layout
-/// pads rows ([`Repack::Runs8To`], [`Repack::Q6KTo`]).
+/// pads rows ([`Repack::Runs8To`], [`Repack::Q6KTo`], [`Repack::Q3K`]).
 pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match repack_layout(ty, cols)? {
         Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
         Repack::Q6KTo(nsb) => Some(q6k_padded_row_bytes(nsb)),
+        Repack::Q3K(nsb) => Some(nsb * Q3KR_BYTES),
         _ => None,
     }
 }
+
+/// Bytes of a repacked Q3_K super-block (the file's 110 and 2 to align).
+const Q3KR_BYTES: usize = 112;
 
 /// A Q6_K row of `nsb` super-blocks padded to 16 bytes.
 fn q6k_padded_row_bytes(nsb: usize) -> usize {
@@ -192,6 +204,7 @@ pub(crate) struct Repackers {
     q6k: cudarc::driver::sys::CUfunction,
     q4k: cudarc::driver::sys::CUfunction,
     q5k: cudarc::driver::sys::CUfunction,
+    q3k: cudarc::driver::sys::CUfunction,
 }
 
 impl Repackers {
@@ -202,6 +215,7 @@ impl Repackers {
             q6k: gpu.func("repack_q6k")?,
             q4k: gpu.func("repack_q4k")?,
             q5k: gpu.func("repack_q5k")?,
+            q3k: gpu.func("repack_q3k")?,
         })
     }
 }
@@ -282,6 +296,17 @@ pub(crate) fn repack(
         }
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
+        Repack::Q3K(nsb) => {
+            let row_bytes = nsb * Q3KR_BYTES;
+            let dst = DevBuf::alloc(rows * row_bytes)?;
+            gpu.launch(
+                f.q3k,
+                per_unit,
+                256,
+                &[Arg::P(ptr), Arg::P(dst.ptr), Arg::P(units as u64)],
+            )?;
+            moved = Some((dst, row_bytes));
+        }
     }
     Ok(Some(Repacked {
         kernel: REPACKED + ty.id() as usize,
@@ -392,7 +417,7 @@ fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
 /// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
 /// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
 /// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 6] {
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 7] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         (r(GgmlType::Q4K), "q4_kr", 2),
@@ -401,6 +426,7 @@ fn mvqp_fused_types() -> [(usize, &'static str, usize); 6] {
         (r(GgmlType::Q5_0), "q5_0r", 4),
         (r(GgmlType::Q4_1), "q4_1r", 4),
         (r(GgmlType::Q5_1), "q5_1r", 4),
+        (r(GgmlType::Q3K), "q3_kr", 2),
     ]
 }
 
@@ -415,12 +441,14 @@ fn mvqp_norm_types() -> [(usize, &'static str, usize); 1] {
 
 /// The two-matrix norm-staging kernels (`mvqsnp_*`): the kernel-table
 /// indices of the first and second matrix, and the kernel's name suffix.
-fn mvqsnp_types() -> [((usize, usize), &'static str); 3] {
+fn mvqsnp_types() -> [((usize, usize), &'static str); 5] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         ((r(GgmlType::Q4K), r(GgmlType::Q6K)), "q4_kr_q6_kr"),
         ((r(GgmlType::Q5K), r(GgmlType::Q6K)), "q5_kr_q6_kr"),
         ((r(GgmlType::Q5_0), r(GgmlType::Q8_0)), "q5_0r_q8_0r"),
+        ((r(GgmlType::Q3K), r(GgmlType::Q4K)), "q3_kr_q4_kr"),
+        ((r(GgmlType::Q3K), r(GgmlType::Q5K)), "q3_kr_q5_kr"),
     ]
 }
 
@@ -4752,7 +4780,11 @@ mod tests {
         assert_eq!(repack_layout(Q4K, 4096), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q4K, 256), Some(Repack::Q4K));
         assert_eq!(repack_layout(Q5K, 4096), Some(Repack::Q5K));
-        assert_eq!(repack_layout(Q3K, 4096), None);
+        // Q3_K: into rows of 112-byte super-blocks; rows of partial ones stay.
+        assert_eq!(repack_layout(Q3K, 4096), Some(Repack::Q3K(16)));
+        assert_eq!(padded_row_bytes(Q3K, 2048), Some(8 * 112));
+        assert_eq!(repack_layout(Q3K, 2000), None);
+        assert_eq!(repack_layout(Q2K, 4096), None);
     }
 
     #[test]
