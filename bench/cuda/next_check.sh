@@ -33,6 +33,7 @@
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 #   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
+#   bash bench/cuda/next_check.sh q2kr     # branch q2kr vs main: fixtures, Q2_K logits bit for bit, tg256; Q4_0 pattern by warps an SM
 #   bash bench/cuda/next_check.sh q3kr     # branch q3kr vs main: fixtures, Q3_K_M / Q3_K logits bit for bit, tg256; GEMV micro
 #   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
@@ -441,6 +442,29 @@ phases)
     done
   done; done
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
+q2kr)
+  # Branch q2kr (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): repacked
+  # Q2_K and its fused kernels. Fixtures, 1B Q2_K logits bit for bit (= main, REPACK=0,
+  # FUSE_NORM=0), tg256 alternated twice (1B), once (8B); then the Q4_0 access pattern's rate by
+  # warps an SM on a resident grid (rdq4_pat; the fused kernels hold 2 blocks of 16 warps).
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q2_K|q2_k|Q2_K, ' $OUT/checks.txt | head -16
+  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q2_k > /dev/null 2>&1; date -u +%T
+  m=/tmp/k1/model-q2_k.gguf; n=$((3 * 24 * 128256 * 4))
+  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
+  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
+  KILN_CUDA_REPACK=0 /tmp/cc --logits $m "$IDS" /tmp/r.bin > /dev/null 2>&1
+  KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $m "$IDS" /tmp/f.bin > /dev/null 2>&1
+  for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "q2_k: branch = $x, bit for bit"; done
+  for r in 1 2; do for b in kiln_a kiln; do
+    echo "1B q2_k $b $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done
+  M=""; for g in 16p2/512 16p3/512 16p4/512 8p4/256 8p5/256 8p6/256 8p8/256; do M="$M 8b/q4_0/rdq4_pat/$g"; done
+  timeout 120 /tmp/cc --gemv-micro $M 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/mvqsr4_q4_0r/8p4/256 2>&1 | grep '^| 8b'
+  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q2_k > /dev/null 2>&1; date -u +%T
+  for b in kiln_a kiln; do
+    echo "8B q2_k $b $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
+  done ;;
 q3kr)
   # Branch q3kr (kiln.xz, cuda_check.xz) against main with q23k-mvq (kiln_a.xz, cuda_check_a.xz):
   # repacked Q3_K and its fused kernels. Fixtures (op level: repacked = plain bit for bit; the

@@ -278,7 +278,7 @@ fn fast_op_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
                     }
                 }
             }
-            // The repacked layout (Q4_0 / Q8_0 / Q4_K / Q6_K / Q3_K matrices; Q6_K rows
+            // The repacked layout (Q4_0 / Q8_0 / Q4_K / Q6_K / Q3_K / Q2_K matrices; Q6_K rows
             // of 512 / 1,536 values into padded rows): the same
             // integers and scales in another order, so every kernel that
             // reads it gives the plain layout's results bit for bit.
@@ -1309,6 +1309,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::Q5K, 0.0),
         (GgmlType::Q6K, 0.0),
         (GgmlType::Q3K, 0.0),
+        (GgmlType::Q2K, 0.0),
     ] {
         fused_check_within(&mut rows, "add_norm", ty, 64, tol, |o, on| o.fuse_norm = on);
     }
@@ -1320,6 +1321,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         GgmlType::Q4K,
         GgmlType::Q6K,
         GgmlType::Q3K,
+        GgmlType::Q2K,
     ] {
         fused_check(&mut rows, "act_mul", ty, 64, |o, on| o.fuse_glu = on);
     }

@@ -507,6 +507,13 @@ struct Rq<T_Q5_KR> {
     static constexpr int QW = 3, UW = 6;
 };
 
+// Repacked Q2_K: x / y the unit's 2-bit words, z its two scale bytes, w its
+// super-block's d and dmin. Four units a lane in flight, as Q4_0R.
+template <>
+struct Rq<T_Q2_KR> {
+    static constexpr int QW = 1, UW = 4;
+};
+
 // Repacked Q3_K: word 0 the super-block's header, word 1 the unit's 2-bit
 // words (x, y) and high-bit word (z); `d` carries the unit's index in the
 // super-block, as Q4_KR's. Two units a lane in flight, as Q4_KR.
@@ -569,6 +576,15 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
     q[1] = ld_stream16(b);
     q[2] = make_uint4(ld_stream4(b + 144 + 4 * (u & 7)), 0u, 0u, 0u);
     *d = (u16)(u & 7);
+}
+
+template <>
+__device__ __forceinline__ void rload<T_Q2_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u >> 5) * 336;
+    int t = u & 31;
+    uint2 v = ld_stream8(b + 8 * t);
+    q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4(b + 320 + 4 * (t >> 3)));
+    *d = 0;
 }
 
 template <>
@@ -642,6 +658,14 @@ __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int
     q[0] = ld_stream16(pq + 4 * 144 * k);
     q[1] = ld_stream16(b + 4 * 144 * k);
     *d = (u16)(u0 & 7);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q2_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u0 >> 5) * 336 + 336 * k;
+    int t = u0 & 31;
+    uint2 v = ld_stream8(b + 8 * t);
+    q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4(b + 320 + 4 * (t >> 3)));
+    *d = 0;
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q3_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -781,6 +805,27 @@ __device__ __forceinline__ float rdot<T_Q5_KR>(const uint4* q, u16 d, const int*
     return k4_hsum(q[1], d, s, dx, sx);
 }
 
+// qdot<T_Q2_K>'s integer sums and float arithmetic, from the repacked words.
+template <>
+__device__ __forceinline__ float rdot<T_Q2_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    int s0 = 0, s1 = 0, m0 = 0, m1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int qv = (int)q3kr_word(q[0].x, q[0].y, 0u, k);
+        if (k < 4) {
+            s0 = __dp4a(qv, xv[k], s0);
+            m0 = __dp4a(0x01010101, xv[k], m0);
+        } else {
+            s1 = __dp4a(qv, xv[k], s1);
+            m1 = __dp4a(0x01010101, xv[k], m1);
+        }
+    }
+    int sc0 = q[0].z & 255, sc1 = (q[0].z >> 8) & 255;
+    float sd = (float)((sc0 & 15) * s0 + (sc1 & 15) * s1);
+    float sm = (float)((sc0 >> 4) * m0 + (sc1 >> 4) * m1);
+    return dx * (h2f((u16)(q[0].w & 0xffff)) * sd - h2f((u16)(q[0].w >> 16)) * sm);
+}
+
 // qdot<T_Q3_K>'s integer sums and float arithmetic, from the repacked words.
 template <>
 __device__ __forceinline__ float rdot<T_Q3_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
@@ -845,6 +890,11 @@ __device__ __forceinline__ float qdot<T_Q4_KR>(const u8* __restrict__ row, int u
 template <>
 __device__ __forceinline__ float qdot<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     return rqdot<T_Q5_KR>(row, u, cols, xv, dx, sx);
+}
+
+template <>
+__device__ __forceinline__ float qdot<T_Q2_KR>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
+    return rqdot<T_Q2_KR>(row, u, cols, xv, dx, sx);
 }
 
 template <>
@@ -1108,9 +1158,11 @@ MVQR(q6_kr, T_Q6_KR)
 MVQR(q4_kr, T_Q4_KR)
 MVQR(q5_kr, T_Q5_KR)
 MVQR(q3_kr, T_Q3_KR)
+MVQR(q2_kr, T_Q2_KR)
 MVQA(q4_kr, T_Q4_KR)
 MVQA(q5_kr, T_Q5_KR)
 MVQA(q3_kr, T_Q3_KR)
+MVQA(q2_kr, T_Q2_KR)
 MVQA(q6_kr, T_Q6_KR)
 // Q6_KR with two units per lane in flight, for rows of at most 2,048
 // columns (MVQ_NARROW_COLS in backend.rs): there a lane has at most two
@@ -1571,11 +1623,13 @@ MVQST(4)
 MVQSN(q4_kr, T_Q4_KR, 2)
 MVQSN(q5_kr, T_Q5_KR, 2)
 MVQSN(q3_kr, T_Q3_KR, 2)
+MVQSN(q2_kr, T_Q2_KR, 4)
 MVQSN(q6_kr, T_Q6_KR, 4)
 MVQSN(q6_kr, T_Q6_KR, 2)
 MVQSR(q4_kr, T_Q4_KR, 2)
 MVQSR(q5_kr, T_Q5_KR, 2)
 MVQSR(q3_kr, T_Q3_KR, 2)
+MVQSR(q2_kr, T_Q2_KR, 4)
 MVQSR(q6_kr, T_Q6_KR, 4)
 // The k-quant mixes of models whose rows are not whole super-blocks (960,
 // 1,152 columns): Q5_0 products, and Q8_0 V products staging the norm
@@ -1875,6 +1929,7 @@ MVQ_NT(q6_kr, T_Q6_KR)
 MVQ_NT(q4_kr, T_Q4_KR)
 MVQ_NT(q5_kr, T_Q5_KR)
 MVQ_NT(q3_kr, T_Q3_KR)
+MVQ_NT(q2_kr, T_Q2_KR)
 MVQ_NT(q2_k, T_Q2_K)
 MVQ_NT(q3_k, T_Q3_K)
 MVQ_NT(q4_k, T_Q4_K)

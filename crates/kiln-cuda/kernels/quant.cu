@@ -605,3 +605,34 @@ __device__ __forceinline__ void unit<T_Q3_KR>(const u8* __restrict__ row, int u,
         }
     }
 }
+
+// ---- Repacked Q2_K (rows rewritten at load by `repack_q2k` into a new
+// buffer of whole runs of 4 super-blocks, the last run's missing ones zeros
+// no kernel reads). A run (336 bytes: 16-byte aligned, where a super-block's
+// 84 are not): its 32 units' 2-bit values (8 bytes a unit, words A / B as
+// repacked Q3_K's), then their scale bytes (2 a unit, as in the file), then
+// the 4 super-blocks' d / dmin pairs. In the file a unit's values are a
+// quarter of 32 bytes shared with 3 units. Now one 8-byte, one 2-byte and
+// one 4-byte load. Kernel type id: T_REPACKED + T_Q2_K.
+#define T_Q2_KR (T_REPACKED + T_Q2_K)
+
+template <>
+__device__ __forceinline__ void unit<T_Q2_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
+    const u8* b = row + (u >> 5) * 336;
+    int t = u & 31;
+    uint2 q = *(const uint2*)(b + 8 * t);
+    const u8* sc = b + 256 + 2 * t;
+    float d = ld_h(b + 320 + 4 * (t >> 3)), dmin = ld_h(b + 322 + 4 * (t >> 3));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        // As unit<T_Q2_K>: the same expression per value.
+        int s = sc[h];
+        float dl = d * (float)(s & 15), ml = dmin * (float)(s >> 4);
+#pragma unroll
+        for (int k = 4 * h; k < 4 * h + 4; k++) {
+            u32 v = q3kr_word(q.x, q.y, 0u, k);
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[4 * k + i] = dl * (float)((v >> (8 * i)) & 3) - ml;
+        }
+    }
+}

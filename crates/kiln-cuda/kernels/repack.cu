@@ -63,6 +63,42 @@ extern "C" __global__ void repack_q4k(u8* W, u64 nsb) { PDL_ENTRY();
     }
 }
 
+// Out of place, one thread per run of 4 super-blocks of a row (grid-stride):
+// `rows` Q2_K rows of `nsb` super-blocks at src into rows of whole runs of 4
+// at dst, the layout quant.cu describes at T_Q2_KR (super-blocks past `nsb`
+// zeros).
+extern "C" __global__ void repack_q2k(const u8* src, u8* dst, int rows, int nsb) {
+    PDL_ENTRY();
+    int runs = (nsb + 3) >> 2;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)rows * runs;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 r = i / runs;
+        int k = (int)(i % runs);
+        u32* o = (u32*)(dst + i * 336);
+        for (int s = 0; s < 4; s++) {
+            bool in = 4 * k + s < nsb;
+            const u8* b = src + (r * nsb + 4 * k + s) * 84;
+            for (int j = 0; j < 8; j++) {
+                const u8* qs = b + 16 + (j >> 2) * 32;
+                int shift = 2 * (j & 3);
+                u32 w[2] = {0, 0};
+                for (int l = 0; l < 32 && in; l++) {
+                    int kk = l >> 2, ii = l & 3;
+                    w[kk & 1] |= (u32)((qs[l] >> shift) & 3) << (8 * ii + 2 * (kk >> 1));
+                }
+                o[2 * (8 * s + j)] = w[0];
+                o[2 * (8 * s + j) + 1] = w[1];
+            }
+            // Scales (bytes 256 + 16 s ..) and d / dmin (320 + 4 s), as words.
+            for (int c = 0; c < 4; c++)
+                o[64 + 4 * s + c] = in ? (u32)b[4 * c] | ((u32)b[4 * c + 1] << 8) | ((u32)b[4 * c + 2] << 16) |
+                                             ((u32)b[4 * c + 3] << 24)
+                                       : 0u;
+            o[80 + s] = in ? (u32)b[80] | ((u32)b[81] << 8) | ((u32)b[82] << 16) | ((u32)b[83] << 24) : 0u;
+        }
+    }
+}
+
 // Out of place, one thread per super-block (grid-stride over `nsb` of them):
 // Q3_K's 110-byte super-blocks at src into repacked Q3_K's 112 at dst
 // (16-byte aligned), the layout quant.cu describes at T_Q3_KR.

@@ -99,7 +99,9 @@ pub(crate) const REPACKED: usize = 48;
 /// one 8-byte word. Q3_K (`repack_q3k`, into a new buffer): each
 /// super-block 112 bytes instead of 110, its scales re-laid for shifts
 /// behind d in a 16-byte header, then a unit's 2-bit values as one 8-byte
-/// word and its high bits as one 4-byte word.
+/// word and its high bits as one 4-byte word. Q2_K (`repack_q2k`, into a
+/// new buffer): runs of 4 super-blocks (336 bytes, 16-byte aligned), their
+/// units' 2-bit values, then their scale bytes, then their d / dmin pairs.
 pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
     match ty {
         GgmlType::Q4_0 => Some("q4_0r"),
@@ -111,6 +113,7 @@ pub(crate) fn repacked_name(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4K => Some("q4_kr"),
         GgmlType::Q5K => Some("q5_kr"),
         GgmlType::Q3K => Some("q3_kr"),
+        GgmlType::Q2K => Some("q2_kr"),
         _ => None,
     }
 }
@@ -140,6 +143,9 @@ pub(crate) enum Repack {
     /// `repack_q3k`: rows of this many super-blocks into a new buffer of
     /// 112 bytes a super-block.
     Q3K(usize),
+    /// `repack_q2k`: rows of this many super-blocks into a new buffer of
+    /// rows of whole runs of 4 ([`Q2KR_RUN`] bytes each).
+    Q2K(usize),
 }
 
 /// Super-blocks a Q6_K row may have to be repacked in place: at least as
@@ -167,6 +173,7 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
         GgmlType::Q3K if whole && cols > 0 => Some(Repack::Q3K(cols / 256)),
+        GgmlType::Q2K if whole && cols > 0 => Some(Repack::Q2K(cols / 256)),
         _ => None,
     }
 }
@@ -178,12 +185,16 @@ pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
         Repack::Q6KTo(nsb) => Some(q6k_padded_row_bytes(nsb)),
         Repack::Q3K(nsb) => Some(nsb * Q3KR_BYTES),
+        Repack::Q2K(nsb) => Some(nsb.div_ceil(4) * Q2KR_RUN),
         _ => None,
     }
 }
 
 /// Bytes of a repacked Q3_K super-block (the file's 110 and 2 to align).
 const Q3KR_BYTES: usize = 112;
+
+/// Bytes of a run of 4 repacked Q2_K super-blocks (4 x 84).
+const Q2KR_RUN: usize = 336;
 
 /// A Q6_K row of `nsb` super-blocks padded to 16 bytes.
 fn q6k_padded_row_bytes(nsb: usize) -> usize {
@@ -205,6 +216,7 @@ pub(crate) struct Repackers {
     q4k: cudarc::driver::sys::CUfunction,
     q5k: cudarc::driver::sys::CUfunction,
     q3k: cudarc::driver::sys::CUfunction,
+    q2k: cudarc::driver::sys::CUfunction,
 }
 
 impl Repackers {
@@ -216,6 +228,7 @@ impl Repackers {
             q4k: gpu.func("repack_q4k")?,
             q5k: gpu.func("repack_q5k")?,
             q3k: gpu.func("repack_q3k")?,
+            q2k: gpu.func("repack_q2k")?,
         })
     }
 }
@@ -304,6 +317,24 @@ pub(crate) fn repack(
                 per_unit,
                 256,
                 &[Arg::P(ptr), Arg::P(dst.ptr), Arg::P(units as u64)],
+            )?;
+            moved = Some((dst, row_bytes));
+        }
+        Repack::Q2K(nsb) => {
+            // A thread per run of a row.
+            let runs = nsb.div_ceil(4);
+            let row_bytes = runs * Q2KR_RUN;
+            let dst = DevBuf::alloc(rows * row_bytes)?;
+            gpu.launch(
+                f.q2k,
+                ((rows * runs).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(ptr),
+                    Arg::P(dst.ptr),
+                    Arg::I(rows as i32),
+                    Arg::I(nsb as i32),
+                ],
             )?;
             moved = Some((dst, row_bytes));
         }
@@ -417,7 +448,7 @@ fn plain_streaming(ty: GgmlType, cols: usize) -> (bool, u32) {
 /// fed by a separate add_norm (8B tg256 303.6 -> 294.1 tok/s, 289.9-291.2
 /// with the GLU epilogue; NOTES.md item 38; again at item 70: 316 -> 306,
 /// 294 with `mvqsr2`), as `mvqs_kernel` found for its plain GEMV.
-fn mvqp_fused_types() -> [(usize, &'static str, usize); 7] {
+fn mvqp_fused_types() -> [(usize, &'static str, usize); 8] {
     let r = |t: GgmlType| REPACKED + t.id() as usize;
     [
         (r(GgmlType::Q4K), "q4_kr", 2),
@@ -427,6 +458,7 @@ fn mvqp_fused_types() -> [(usize, &'static str, usize); 7] {
         (r(GgmlType::Q4_1), "q4_1r", 4),
         (r(GgmlType::Q5_1), "q5_1r", 4),
         (r(GgmlType::Q3K), "q3_kr", 2),
+        (r(GgmlType::Q2K), "q2_kr", 4),
     ]
 }
 
@@ -4784,7 +4816,11 @@ mod tests {
         assert_eq!(repack_layout(Q3K, 4096), Some(Repack::Q3K(16)));
         assert_eq!(padded_row_bytes(Q3K, 2048), Some(8 * 112));
         assert_eq!(repack_layout(Q3K, 2000), None);
-        assert_eq!(repack_layout(Q2K, 4096), None);
+        // Q2_K: rows of whole runs of 4 super-blocks (336 bytes).
+        assert_eq!(repack_layout(Q2K, 4096), Some(Repack::Q2K(16)));
+        assert_eq!(padded_row_bytes(Q2K, 4096), Some(4096 / 256 * 84));
+        assert_eq!(padded_row_bytes(Q2K, 1536), Some(2 * 336));
+        assert_eq!(repack_layout(Q2K, 100), None);
     }
 
     #[test]
