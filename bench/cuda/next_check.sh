@@ -34,6 +34,7 @@
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 #   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
 #   bash bench/cuda/next_check.sh q2kr     # branch q2kr vs main: fixtures, Q2_K logits bit for bit, tg256; Q4_0 pattern by warps an SM
+#   bash bench/cuda/next_check.sh q3mmq    # branch q3k-mmq vs main: fixtures (mmq Q3_K), Q3_K_M logits vs kiln-cpu, 8B batched decode
 #   bash bench/cuda/next_check.sh q3kr     # branch q3kr vs main: fixtures, Q3_K_M / Q3_K logits bit for bit, tg256; GEMV micro
 #   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
@@ -464,6 +465,33 @@ q2kr)
   rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q2_k > /dev/null 2>&1; date -u +%T
   for b in kiln_a kiln; do
     echo "8B q2_k $b $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
+  done ;;
+q3mmq)
+  # Branch q3k-mmq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): the
+  # tensor-core product of batched steps (mmq_q3_kr_*). Fixtures (the mmq table's Q3_K rows), 1B
+  # Q3_K_M logits of both builds against kiln-cpu (the 24-token prefill now takes mmq: rounding
+  # moves), then 8B Q3_K_M batched decode (--batch, 128 + 128) and a 128-token prefill, main
+  # and branch.
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q3_K \| [0-9]+ x [0-9]+ \| [0-9]+ \|' $OUT/checks.txt | head -8
+  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m > /dev/null 2>&1; date -u +%T
+  m=/tmp/k1/model-q3_k_m.gguf
+  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
+  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
+  for x in a b; do echo "q3_k_m $x: blocks against kiln-cpu"; python3 - /tmp/$x.bin <<'PY'
+import sys
+from array import array
+V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
+cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
+for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
+    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
+    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
+PY
+  done
+  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q3_k_m > /dev/null 2>&1; date -u +%T
+  for b in kiln_a kiln; do
+    echo "$b"; /tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda --batch 1,2,4,8,16,32,64,128 -p 128 -n 128 2>&1 | tail -12
+    echo "$b pp128 $(/tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda -p 128 -n 16 -r 3 2>&1 | pptg_of)"
   done ;;
 q3kr)
   # Branch q3kr (kiln.xz, cuda_check.xz) against main with q23k-mvq (kiln_a.xz, cuda_check_a.xz):

@@ -260,6 +260,50 @@ struct Mq<T_Q6_KR> {
     };
 };
 
+// Repacked Q3_K (super-blocks of 112 bytes: the 16-byte header, then 8
+// units' 2-bit word pairs, then their high-bit words). As Q6_K, a unit's
+// halves have their own scales, so each is one k = 16 product; a0 / a1 are
+// half 0's dp4a word t (values 4t..4t+3) of rows g / g + 8, a2 / a3 half 1's
+// (word 4 + t); values q - 4 as signed bytes.
+// w . x = d dx ((sc_0 - 32) s_0 + (sc_1 - 32) s_1), the integer part exact.
+template <>
+struct Mq<T_Q3_KR> : MqRuns<112> {
+    using Stage = Mq<T_Q4_KR>::Stage;
+    static __device__ __forceinline__ u32 q3(const u8* sg, int j, int k) {
+        uint2 w = *(const uint2*)(sg + 16 + 8 * j);
+        return __vsub4(q3kr_word(w.x, w.y, *(const u32*)(sg + 80 + 4 * j), k), 0x04040404u);
+    }
+    struct Unit {
+        u32 a[4];
+        int sg0, sg1, sg80, sg81;
+        float dg, dg8;
+        __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
+            a[0] = q3(sg, j, t);
+            a[1] = q3(sg8, j, t);
+            a[2] = q3(sg, j, 4 + t);
+            a[3] = q3(sg8, j, 4 + t);
+            q3kr_scales(st.hg, j, sg0, sg1);
+            q3kr_scales(st.hg8, j, sg80, sg81);
+            sg0 -= 32;
+            sg1 -= 32;
+            sg80 -= 32;
+            sg81 -= 32;
+            dg = h2f((u16)(st.hg.w & 0xffff));
+            dg8 = h2f((u16)(st.hg8.w & 0xffff));
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c0[4], c1[4];
+            mma_s8_16816(c0, a[0], a[1], b0);
+            mma_s8_16816(c1, a[2], a[3], b1);
+            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
+            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
+            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
+            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
+        }
+    };
+};
+
 // A stage: the block's rows' run bytes, the tokens' x and scales / sums,
 // then a word a row (Mq<T>::EXTRA).
 template <int T, int NT>
@@ -427,6 +471,10 @@ MMQ(q5_kr, T_Q5_KR, 8)
 MMQ(q5_kr, T_Q5_KR, 16)
 MMQ(q5_kr, T_Q5_KR, 32)
 MMQ(q5_kr, T_Q5_KR, 64)
+MMQ(q3_kr, T_Q3_KR, 8)
+MMQ(q3_kr, T_Q3_KR, 16)
+MMQ(q3_kr, T_Q3_KR, 32)
+MMQ(q3_kr, T_Q3_KR, 64)
 MMQ(q6_kr, T_Q6_KR, 8)
 MMQ(q6_kr, T_Q6_KR, 16)
 MMQ(q6_kr, T_Q6_KR, 32)
