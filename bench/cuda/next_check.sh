@@ -34,6 +34,7 @@
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 #   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
 #   bash bench/cuda/next_check.sh q2kr     # branch q2kr vs main: fixtures, Q2_K logits bit for bit, tg256; Q4_0 pattern by warps an SM
+#   bash bench/cuda/next_check.sh lb3      # the fused Q4_0 kernels at 3 blocks an SM (lb3: all, lb3r: residual only) vs main
 #   bash bench/cuda/next_check.sh q3mmq    # branch q3k-mmq vs main: fixtures (mmq Q3_K), Q3_K_M logits vs kiln-cpu, 8B batched decode
 #   bash bench/cuda/next_check.sh q3kr     # branch q3kr vs main: fixtures, Q3_K_M / Q3_K logits bit for bit, tg256; GEMV micro
 #   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
@@ -466,6 +467,21 @@ q2kr)
   for b in kiln_a kiln; do
     echo "8B q2_k $b $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
   done ;;
+lb3)
+  # Branches lb3 (kiln.xz, cuda_check.xz: mvqsn4 / mvqsg4 / mvqsr4_q4_0r bounded to 3 blocks an
+  # SM) and lb3r (kiln_b.xz, cuda_check_b.xz: mvqsr4 only) against main (kiln_a.xz,
+  # cuda_check_a.xz). Fixtures (lb3, default settings), 1B Q4_0 logits of both = main bit for
+  # bit, the micro's resident mvqsr4 at 2 and 3 blocks an SM, tg256 alternated twice.
+  ( /tmp/kiln synth Llama-3.2-1B /tmp/l1 --types q4_0 > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/l8 --types q4_0 > /dev/null 2>&1 ) &
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  wait; date -u +%T
+  same_logits /tmp/l1/model-q4_0.gguf && echo "lb3: = main, bit for bit"
+  /tmp/cc_b --logits /tmp/l1/model-q4_0.gguf "$IDS" /tmp/c.bin 2>/dev/null; cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/c.bin && echo "lb3r: = main, bit for bit"
+  timeout 100 /tmp/cc --gemv-micro 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/mvqsr4_q4_0r/16p3/512 1b/q4_0/mvqsr4_q4_0r/16p2/512 1b/q4_0/mvqsr4_q4_0r/16p3/512 2>&1 | grep '^| [18]b'
+  for r in 1 2; do for m in l1/model-q4_0.gguf l8/model-q4_0.gguf; do for b in kiln_a kiln kiln_b; do
+    echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+  done; done; done ;;
 q3mmq)
   # Branch q3k-mmq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): the
   # tensor-core product of batched steps (mmq_q3_kr_*). Fixtures (the mmq table's Q3_K rows), 1B
