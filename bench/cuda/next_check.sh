@@ -72,6 +72,29 @@ same_logits() {
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
 }
+# The largest distance of --logits' first three blocks (prefill, decode, exact decode of a
+# Llama-3.2-1B-vocabulary model) from its fourth (kiln-cpu), absolute and of the largest logit.
+cpu_distance() {
+  python3 - $1 <<'PY'
+import sys
+from array import array
+V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
+cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
+for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
+    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
+    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
+PY
+}
+# Whether the branch's logits of model $1 (named $2) are main's, and with KILN_CUDA_REPACK=0 /
+# KILN_CUDA_FUSE_NORM=0 the same, bit for bit (prefill, decode, exact decode).
+variants_same() {
+  local n=$((3 * 24 * 128256 * 4))
+  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1
+  /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
+  KILN_CUDA_REPACK=0 /tmp/cc --logits $1 "$IDS" /tmp/r.bin > /dev/null 2>&1
+  KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $1 "$IDS" /tmp/f.bin > /dev/null 2>&1
+  for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "$2: branch = $x, bit for bit"; done
+}
 date -u +%T
 case $MODE in
 verify)
@@ -452,12 +475,7 @@ q2kr)
   timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
   echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q2_K|q2_k|Q2_K, ' $OUT/checks.txt | head -16
   /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q2_k > /dev/null 2>&1; date -u +%T
-  m=/tmp/k1/model-q2_k.gguf; n=$((3 * 24 * 128256 * 4))
-  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
-  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-  KILN_CUDA_REPACK=0 /tmp/cc --logits $m "$IDS" /tmp/r.bin > /dev/null 2>&1
-  KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $m "$IDS" /tmp/f.bin > /dev/null 2>&1
-  for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "q2_k: branch = $x, bit for bit"; done
+  m=/tmp/k1/model-q2_k.gguf; variants_same $m q2_k
   for r in 1 2; do for b in kiln_a kiln; do
     echo "1B q2_k $b $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
   done; done
@@ -494,15 +512,7 @@ q3mmq)
   m=/tmp/k1/model-q3_k_m.gguf
   /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
   /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-  for x in a b; do echo "q3_k_m $x: blocks against kiln-cpu"; python3 - /tmp/$x.bin <<'PY'
-import sys
-from array import array
-V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
-cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
-for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
-    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
-    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
-PY
+  for x in a b; do echo "q3_k_m $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin
   done
   rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q3_k_m > /dev/null 2>&1; date -u +%T
   for b in kiln_a kiln; do
@@ -518,14 +528,7 @@ q3kr)
   timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
   echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q3_K|q3_k|Q3_K, ' $OUT/checks.txt | head -24
   /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m,q3_k > /dev/null 2>&1; date -u +%T
-  for t in q3_k_m q3_k; do
-    m=/tmp/k1/model-$t.gguf; n=$((3 * 24 * 128256 * 4))
-    /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
-    /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-    KILN_CUDA_REPACK=0 /tmp/cc --logits $m "$IDS" /tmp/r.bin > /dev/null 2>&1
-    KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $m "$IDS" /tmp/f.bin > /dev/null 2>&1
-    for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "$t: branch = $x, bit for bit"; done
-  done
+  for t in q3_k_m q3_k; do variants_same /tmp/k1/model-$t.gguf $t; done
   for r in 1 2; do for t in q3_k_m q3_k; do for b in kiln_a kiln; do
     echo "1B $t $b $(/tmp/$b bench /tmp/k1/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
   done; done; done
@@ -548,15 +551,7 @@ q23k)
     /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
     /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
     KILN_CUDA_EXACT=1 /tmp/cc --logits $m "$IDS" /tmp/e.bin > /dev/null 2>&1
-    for x in a b e; do echo "$t $x: blocks against kiln-cpu"; python3 - /tmp/$x.bin <<'PY'
-import sys
-from array import array
-V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
-cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
-for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
-    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
-    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
-PY
+    for x in a b e; do echo "$t $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin
     done
   done
   for r in 1 2; do for t in q3_k_m q2_k; do for b in kiln_a kiln; do

@@ -201,6 +201,27 @@ __device__ __forceinline__ void mma_s8_16816(int (&d)[4], u32 a0, u32 a1, u32 b0
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
+// A unit whose halves (values 0-15, 16-31) have their own integer scales
+// (Q6_K, Q3_K): a0 / a1 half 0's values 4t..4t+3 of rows g / g + 8, a2 / a3
+// half 1's, each half one k = 16 product. sg*: the rows' halves' scales,
+// dg / dg8 the rows' d. w . x = d dx (sc_0 s_0 + sc_1 s_1), the integer
+// part exact.
+struct MqHalves {
+    u32 a[4];
+    int sg0, sg1, sg80, sg81;
+    float dg, dg8;
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c0[4], c1[4];
+            mma_s8_16816(c0, a[0], a[1], b0);
+            mma_s8_16816(c1, a[2], a[3], b1);
+            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
+            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
+            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
+            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
+        }
+};
+
 // Repacked Q6_K (208-byte records: 8 units of 16 low-nibble bytes, 8 x 8
 // bytes of high bit pairs, 16 int8 scales; the super-blocks' f16 d
 // elsewhere in the row, copied as the 4-byte word holding it). A unit's
@@ -229,10 +250,7 @@ struct Mq<T_Q6_KR> {
         }
     };
     static __device__ __forceinline__ u32 q6(u32 lo, u32 hi) { return ((lo | (hi << 4)) + 0x60606060u) ^ 0x80808080u; }
-    struct Unit {
-        u32 a[4];
-        int sg0, sg1, sg80, sg81;
-        float dg, dg8;
+    struct Unit : MqHalves {
         __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
             u32 lg = *(const u32*)(sg + 16 * j + 4 * t), lg8 = *(const u32*)(sg8 + 16 * j + 4 * t);
             uint2 hg = *(const uint2*)(sg + 128 + 8 * j), hg8 = *(const uint2*)(sg8 + 128 + 8 * j);
@@ -246,16 +264,6 @@ struct Mq<T_Q6_KR> {
             sg81 = (int)(i8)sg8[193 + 2 * j];
             dg = st.dg;
             dg8 = st.dg8;
-        }
-        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
-                                             float sxb) const {
-            int c0[4], c1[4];
-            mma_s8_16816(c0, a[0], a[1], b0);
-            mma_s8_16816(c1, a[2], a[3], b1);
-            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
-            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
-            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
-            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
         }
     };
 };
@@ -273,10 +281,7 @@ struct Mq<T_Q3_KR> : MqRuns<112> {
         uint2 w = *(const uint2*)(sg + 16 + 8 * j);
         return __vsub4(q3kr_word(w.x, w.y, *(const u32*)(sg + 80 + 4 * j), k), 0x04040404u);
     }
-    struct Unit {
-        u32 a[4];
-        int sg0, sg1, sg80, sg81;
-        float dg, dg8;
+    struct Unit : MqHalves {
         __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
             a[0] = q3(sg, j, t);
             a[1] = q3(sg8, j, t);
@@ -290,16 +295,6 @@ struct Mq<T_Q3_KR> : MqRuns<112> {
             sg81 -= 32;
             dg = h2f((u16)(st.hg.w & 0xffff));
             dg8 = h2f((u16)(st.hg8.w & 0xffff));
-        }
-        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
-                                             float sxb) const {
-            int c0[4], c1[4];
-            mma_s8_16816(c0, a[0], a[1], b0);
-            mma_s8_16816(c1, a[2], a[3], b1);
-            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
-            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
-            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
-            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
         }
     };
 };
