@@ -33,11 +33,6 @@
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
 #   bash bench/cuda/next_check.sh phases   # price of the O / down phases (KILN_CUDA_SKIP) on 8B / 1B Q4_0 / Q4_K_M, then --sync-micro
-#   bash bench/cuda/next_check.sh q2kr     # branch q2kr vs main: fixtures, Q2_K logits bit for bit, tg256; Q4_0 pattern by warps an SM
-#   bash bench/cuda/next_check.sh lb3      # the fused Q4_0 kernels at 3 blocks an SM (lb3: all, lb3r: residual only) vs main
-#   bash bench/cuda/next_check.sh q3mmq    # branch q3k-mmq vs main: fixtures (mmq Q3_K), Q3_K_M logits vs kiln-cpu, 8B batched decode
-#   bash bench/cuda/next_check.sh q3kr     # branch q3kr vs main: fixtures, Q3_K_M / Q3_K logits bit for bit, tg256; GEMV micro
-#   bash bench/cuda/next_check.sh q23k     # branch q23k-mvq vs main: fixtures, Q3_K_M / Q2_K logits against kiln-cpu, tg256 alternated
 # The modes that A/B'd the eighth session's branches (ring, glu, fuseall, attrev) are in git
 # history (945516c); the eleventh session's even / mvfn / attq A/Bs (items 45, 46, 49) were the
 # `l2win` pattern with env variants; the twelfth session's `evict` and `tma` (items 50, 51) are in git
@@ -45,6 +40,8 @@
 # history at cca9d3b; the seventeenth's kvlayout (item 64a) is on branch kv-layout; split32 is
 # on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d, l2act, l2rule, l2att) are in
 # history at 0e44e47 and on branch l2-ahead.
+# The thirty-second session's branch checks (q23k, q3kr, q2kr, q3mmq, lb3; NOTES.md items 89-96)
+# and their helpers cpu_distance / variants_same are in git history at e45f3fb.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -71,29 +68,6 @@ IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
-}
-# The largest distance of --logits' first three blocks (prefill, decode, exact decode of a
-# Llama-3.2-1B-vocabulary model) from its fourth (kiln-cpu), absolute and of the largest logit.
-cpu_distance() {
-  python3 - $1 <<'PY'
-import sys
-from array import array
-V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
-cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
-for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
-    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
-    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
-PY
-}
-# Whether the branch's logits of model $1 (named $2) are main's, and with KILN_CUDA_REPACK=0 /
-# KILN_CUDA_FUSE_NORM=0 the same, bit for bit (prefill, decode, exact decode).
-variants_same() {
-  local n=$((3 * 24 * 128256 * 4))
-  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1
-  /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
-  KILN_CUDA_REPACK=0 /tmp/cc --logits $1 "$IDS" /tmp/r.bin > /dev/null 2>&1
-  KILN_CUDA_FUSE_NORM=0 /tmp/cc --logits $1 "$IDS" /tmp/f.bin > /dev/null 2>&1
-  for x in a r f; do cmp -n $n /tmp/$x.bin /tmp/b.bin && echo "$2: branch = $x, bit for bit"; done
 }
 date -u +%T
 case $MODE in
@@ -467,95 +441,5 @@ phases)
     done
   done; done
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
-q2kr)
-  # Branch q2kr (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): repacked
-  # Q2_K and its fused kernels. Fixtures, 1B Q2_K logits bit for bit (= main, REPACK=0,
-  # FUSE_NORM=0), tg256 alternated twice (1B), once (8B); then the Q4_0 access pattern's rate by
-  # warps an SM on a resident grid (rdq4_pat; the fused kernels hold 2 blocks of 16 warps).
-  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q2_K|q2_k|Q2_K, ' $OUT/checks.txt | head -16
-  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q2_k > /dev/null 2>&1; date -u +%T
-  m=/tmp/k1/model-q2_k.gguf; variants_same $m q2_k
-  for r in 1 2; do for b in kiln_a kiln; do
-    echo "1B q2_k $b $(/tmp/$b bench $m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done
-  M=""; for g in 16p2/512 16p3/512 16p4/512 8p4/256 8p5/256 8p6/256 8p8/256; do M="$M 8b/q4_0/rdq4_pat/$g"; done
-  timeout 120 /tmp/cc --gemv-micro $M 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/mvqsr4_q4_0r/8p4/256 2>&1 | grep '^| 8b'
-  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q2_k > /dev/null 2>&1; date -u +%T
-  for b in kiln_a kiln; do
-    echo "8B q2_k $b $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
-  done ;;
-lb3)
-  # Branches lb3 (kiln.xz, cuda_check.xz: mvqsn4 / mvqsg4 / mvqsr4_q4_0r bounded to 3 blocks an
-  # SM) and lb3r (kiln_b.xz, cuda_check_b.xz: mvqsr4 only) against main (kiln_a.xz,
-  # cuda_check_a.xz). Fixtures (lb3, default settings), 1B Q4_0 logits of both = main bit for
-  # bit, the micro's resident mvqsr4 at 2 and 3 blocks an SM, tg256 alternated twice.
-  ( /tmp/kiln synth Llama-3.2-1B /tmp/l1 --types q4_0 > /dev/null 2>&1; /tmp/kiln synth Llama-3.1-8B /tmp/l8 --types q4_0 > /dev/null 2>&1 ) &
-  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
-  wait; date -u +%T
-  same_logits /tmp/l1/model-q4_0.gguf && echo "lb3: = main, bit for bit"
-  /tmp/cc_b --logits /tmp/l1/model-q4_0.gguf "$IDS" /tmp/c.bin 2>/dev/null; cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/c.bin && echo "lb3r: = main, bit for bit"
-  timeout 100 /tmp/cc --gemv-micro 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/mvqsr4_q4_0r/16p3/512 1b/q4_0/mvqsr4_q4_0r/16p2/512 1b/q4_0/mvqsr4_q4_0r/16p3/512 2>&1 | grep '^| [18]b'
-  for r in 1 2; do for m in l1/model-q4_0.gguf l8/model-q4_0.gguf; do for b in kiln_a kiln kiln_b; do
-    echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done; done ;;
-q3mmq)
-  # Branch q3k-mmq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): the
-  # tensor-core product of batched steps (mmq_q3_kr_*). Fixtures (the mmq table's Q3_K rows), 1B
-  # Q3_K_M logits of both builds against kiln-cpu (the 24-token prefill now takes mmq: rounding
-  # moves), then 8B Q3_K_M batched decode (--batch, 128 + 128) and a 128-token prefill, main
-  # and branch.
-  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q3_K \| [0-9]+ x [0-9]+ \| [0-9]+ \|' $OUT/checks.txt | head -8
-  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m > /dev/null 2>&1; date -u +%T
-  m=/tmp/k1/model-q3_k_m.gguf
-  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
-  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-  for x in a b; do echo "q3_k_m $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin
-  done
-  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q3_k_m > /dev/null 2>&1; date -u +%T
-  for b in kiln_a kiln; do
-    echo "$b"; /tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda --batch 1,2,4,8,16,32,64,128 -p 128 -n 128 2>&1 | tail -12
-    echo "$b pp128 $(/tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda -p 128 -n 16 -r 3 2>&1 | pptg_of)"
-  done ;;
-q3kr)
-  # Branch q3kr (kiln.xz, cuda_check.xz) against main with q23k-mvq (kiln_a.xz, cuda_check_a.xz):
-  # repacked Q3_K and its fused kernels. Fixtures (op level: repacked = plain bit for bit; the
-  # kq_low models; Q3_K add_norm / act_mul fused = separate bit for bit), then 1B Q3_K_M and
-  # Q3_K logits: branch = main = KILN_CUDA_REPACK=0 = KILN_CUDA_FUSE_NORM=0, bit for bit; tg256
-  # alternated twice (1B), once (8B Q3_K_M); then the default GEMV micro on this GPU.
-  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E '^\| Q3_K|q3_k|Q3_K, ' $OUT/checks.txt | head -24
-  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m,q3_k > /dev/null 2>&1; date -u +%T
-  for t in q3_k_m q3_k; do variants_same /tmp/k1/model-$t.gguf $t; done
-  for r in 1 2; do for t in q3_k_m q3_k; do for b in kiln_a kiln; do
-    echo "1B $t $b $(/tmp/$b bench /tmp/k1/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done; done
-  rm -rf /tmp/k1; /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q3_k_m > /dev/null 2>&1; date -u +%T
-  for b in kiln_a kiln; do
-    echo "8B q3_k_m $b $(/tmp/$b bench /tmp/k8/model-q3_k_m.gguf --device cuda -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
-  done
-  timeout 120 /tmp/cc --gemv-micro 2>&1 | tail -16 ;;
-q23k)
-  # Branch q23k-mvq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): Q2_K /
-  # Q3_K decode over 8-bit x. Fixtures (op level), then a Q3_K_M and a Q2_K 1B model: each
-  # block's distance to kiln-cpu (the fourth block of --logits) for main and branch, and the
-  # branch's exact mode (KILN_CUDA_EXACT=1: f32 x, as main's Q2_K / Q3_K GEMVs), then tg256
-  # alternated twice.
-  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -iE 'q[23]_k' $OUT/checks.txt | head -8
-  /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q3_k_m,q2_k > /dev/null 2>&1; date -u +%T
-  for t in q3_k_m q2_k; do
-    m=/tmp/k1/model-$t.gguf
-    /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
-    /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-    KILN_CUDA_EXACT=1 /tmp/cc --logits $m "$IDS" /tmp/e.bin > /dev/null 2>&1
-    for x in a b e; do echo "$t $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin
-    done
-  done
-  for r in 1 2; do for t in q3_k_m q2_k; do for b in kiln_a kiln; do
-    echo "$t $b $(/tmp/$b bench /tmp/k1/model-$t.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done; done ;;
 esac
 date -u +%T

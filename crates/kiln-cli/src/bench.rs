@@ -301,10 +301,24 @@ impl On {
     }
 }
 
+/// A `tgN` record's decode floor.
+struct Floor {
+    /// Mean K/V bytes a step reads.
+    kv: f64,
+    /// The bandwidth it is taken at (bytes/s).
+    bandwidth: f64,
+    /// Steps a second at that bandwidth.
+    ts: f64,
+}
+
 impl Setup {
-    /// Mean K/V bytes a step of `tgN` reads.
-    fn kv_bytes(&self, n: usize) -> f64 {
-        kv_bytes_per_token(&self.desc, self.kv, n)
+    /// The floor of a `tgN` record with a measured bandwidth: the weights
+    /// and the mean K/V a step reads, over that bandwidth.
+    fn floor(&self, r: &Record) -> Option<Floor> {
+        let bandwidth = r.bandwidth.filter(|_| r.n_gen > 0)?;
+        let kv = kv_bytes_per_token(&self.desc, self.kv, r.n_gen);
+        let ts = bandwidth / (self.bytes_per_token as f64 + kv);
+        Some(Floor { kv, bandwidth, ts })
     }
 
     /// The fields every JSON record starts with; each mode adds its own.
@@ -683,13 +697,11 @@ fn tests_json(setup: &Setup, records: &[Record]) -> serde_json::Result<String> {
             v["stddev_ts"] = sd.into();
             v["samples_ts"] = serde_json::json!(r.samples);
             v["bytes_per_token"] = per_token.into();
-            if let (Some(bw), true) = (r.bandwidth, r.n_gen > 0) {
-                let kv = setup.kv_bytes(r.n_gen);
-                let read = per_token as f64 + kv;
-                v["kv_bytes_per_token"] = kv.round().into();
-                v["read_bandwidth_gbs"] = (bw / 1e9).into();
-                v["floor_ts"] = (bw / read).into();
-                v["floor_fraction"] = (avg * read / bw).into();
+            if let Some(f) = setup.floor(r) {
+                v["kv_bytes_per_token"] = f.kv.round().into();
+                v["read_bandwidth_gbs"] = (f.bandwidth / 1e9).into();
+                v["floor_ts"] = f.ts.into();
+                v["floor_fraction"] = (avg / f.ts).into();
             }
             v
         })
@@ -725,24 +737,23 @@ fn tests_md(setup: &Setup, records: &[Record]) -> String {
             "\ntg: each step queued before the host reads the last id, as `kiln run` decodes (--sync-steps: llama-bench's loop)\n",
         );
     }
-    for r in records.iter().filter(|r| r.n_gen > 0) {
-        if let Some(bw) = r.bandwidth {
+    for r in records {
+        if let Some(f) = setup.floor(r) {
             let (avg, _) = mean_sd(&r.samples);
-            let kv = setup.kv_bytes(r.n_gen);
-            let floor = bw / (per_token as f64 + kv);
             let rate = match r.on.kind {
                 BackendKind::Cpu => format!("{} threads' read", r.on.threads),
                 BackendKind::Cuda => "device copy, bytes read + written".to_string(),
             };
             let mib = |b: f64| b / (1 << 20) as f64;
             out.push_str(&format!(
-                "\nfloor, tg{}: {:.1} MiB weights + {:.1} MiB K/V read per token at {:.1} GB/s ({rate}) = {floor:.1} tok/s; tg{} is {:.0}% of it\n",
+                "\nfloor, tg{}: {:.1} MiB weights + {:.1} MiB K/V read per token at {:.1} GB/s ({rate}) = {:.1} tok/s; tg{} is {:.0}% of it\n",
                 r.n_gen,
                 mib(per_token as f64),
-                mib(kv),
-                bw / 1e9,
+                mib(f.kv),
+                f.bandwidth / 1e9,
+                f.ts,
                 r.n_gen,
-                100.0 * avg / floor,
+                100.0 * avg / f.ts,
             ));
         }
     }

@@ -578,21 +578,30 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
     *d = (u16)(u & 7);
 }
 
-template <>
-__device__ __forceinline__ void rload<T_Q2_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    const u8* b = row + (u >> 5) * 336;
-    int t = u & 31;
+// Unit t (0-31) of the repacked Q2_K run at b: its 2-bit words, its scale
+// bytes and its super-block's d / dmin (rload and rload_k).
+__device__ __forceinline__ void q2kr_load(const u8* b, int t, uint4* q) {
     uint2 v = ld_stream8(b + 8 * t);
     q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4(b + 320 + 4 * (t >> 3)));
+}
+
+// Unit j of the repacked Q3_K super-block at b: the header, then its 2-bit
+// words and high-bit word.
+__device__ __forceinline__ void q3kr_load(const u8* b, int j, uint4* q) {
+    q[0] = ld_stream16(b);
+    uint2 v = ld_stream8(b + 16 + 8 * j);
+    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * j), 0u);
+}
+
+template <>
+__device__ __forceinline__ void rload<T_Q2_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q2kr_load(row + (u >> 5) * 336, u & 31, q);
     *d = 0;
 }
 
 template <>
 __device__ __forceinline__ void rload<T_Q3_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    const u8* b = row + (u >> 3) * 112;
-    q[0] = ld_stream16(b);
-    uint2 v = ld_stream8(b + 16 + 8 * (u & 7));
-    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * (u & 7)), 0u);
+    q3kr_load(row + (u >> 3) * 112, u & 7, q);
     *d = (u16)(u & 7);
 }
 
@@ -661,18 +670,12 @@ __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q2_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    const u8* b = row + (u0 >> 5) * 336 + 336 * k;
-    int t = u0 & 31;
-    uint2 v = ld_stream8(b + 8 * t);
-    q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4(b + 320 + 4 * (t >> 3)));
+    q2kr_load(row + (u0 >> 5) * 336 + 336 * k, u0 & 31, q);
     *d = 0;
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q3_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    const u8* b = row + (u0 >> 3) * 112;
-    q[0] = ld_stream16(b + 4 * 112 * k);
-    uint2 v = ld_stream8(b + 16 + 8 * (u0 & 7) + 4 * 112 * k);
-    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * (u0 & 7) + 4 * 112 * k), 0u);
+    q3kr_load(row + (u0 >> 3) * 112 + 4 * 112 * k, u0 & 7, q);
     *d = (u16)(u0 & 7);
 }
 template <>
@@ -805,42 +808,53 @@ __device__ __forceinline__ float rdot<T_Q5_KR>(const uint4* q, u16 d, const int*
     return k4_hsum(q[1], d, s, dx, sx);
 }
 
-// qdot<T_Q2_K>'s integer sums and float arithmetic, from the repacked words.
-template <>
-__device__ __forceinline__ float rdot<T_Q2_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    int s0 = 0, s1 = 0, m0 = 0, m1 = 0;
+// The integer sums of a unit's two 16-value halves (dp4a words 0-3 and
+// 4-7, word k from word(k)) with x's 8 words.
+template <typename W>
+__device__ __forceinline__ void half_dots(W word, const int* xv, int& s0, int& s1) {
+    s0 = s1 = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        int qv = (int)q3kr_word(q[0].x, q[0].y, 0u, k);
-        if (k < 4) {
-            s0 = __dp4a(qv, xv[k], s0);
-            m0 = __dp4a(0x01010101, xv[k], m0);
-        } else {
-            s1 = __dp4a(qv, xv[k], s1);
-            m1 = __dp4a(0x01010101, xv[k], m1);
-        }
+        if (k < 4)
+            s0 = __dp4a((int)word(k), xv[k], s0);
+        else
+            s1 = __dp4a((int)word(k), xv[k], s1);
     }
-    int sc0 = q[0].z & 255, sc1 = (q[0].z >> 8) & 255;
-    float sd = (float)((sc0 & 15) * s0 + (sc1 & 15) * s1);
-    float sm = (float)((sc0 >> 4) * m0 + (sc1 >> 4) * m1);
-    return dx * (h2f((u16)(q[0].w & 0xffff)) * sd - h2f((u16)(q[0].w >> 16)) * sm);
 }
 
-// qdot<T_Q3_K>'s integer sums and float arithmetic, from the repacked words.
+// A Q2_K unit's sum from its halves' sums s0, s1 and scale bytes sc0, sc1
+// (scale low, minimum high): the minimum's term takes the sum of the 8-bit
+// x of each half (as llama.cpp's Q2_K dot does), not xs. Plain and repacked
+// kernels share it, so they give the same bits.
+__device__ __forceinline__ float q2k_sum(float d, float dmin, int sc0, int sc1, int s0, int s1, const int* xv,
+                                         float dx) {
+    int m0, m1;
+    half_dots([](int) { return 0x01010101u; }, xv, m0, m1);
+    float sd = (float)((sc0 & 15) * s0 + (sc1 & 15) * s1);
+    float sm = (float)((sc0 >> 4) * m0 + (sc1 >> 4) * m1);
+    return dx * (d * sd - dmin * sm);
+}
+
+// A Q3_K unit's sum from its halves' sums and their 6-bit scales (stored +
+// 32), shared by the plain and repacked kernels.
+__device__ __forceinline__ float q3k_sum(float d, int sc0, int sc1, int s0, int s1, float dx) {
+    return d * dx * (float)((sc0 - 32) * s0 + (sc1 - 32) * s1);
+}
+
+template <>
+__device__ __forceinline__ float rdot<T_Q2_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    int s0, s1;
+    half_dots([&](int k) { return q3kr_word(q[0].x, q[0].y, 0u, k); }, xv, s0, s1);
+    return q2k_sum(h2f((u16)(q[0].w & 0xffff)), h2f((u16)(q[0].w >> 16)), q[0].z & 255, (q[0].z >> 8) & 255, s0,
+                   s1, xv, dx);
+}
+
 template <>
 __device__ __forceinline__ float rdot<T_Q3_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        int qv = (int)__vsub4(q3kr_word(q[1].x, q[1].y, q[1].z, k), 0x04040404u);
-        if (k < 4)
-            s0 = __dp4a(qv, xv[k], s0);
-        else
-            s1 = __dp4a(qv, xv[k], s1);
-    }
-    int sc0, sc1;
+    int s0, s1, sc0, sc1;
+    half_dots([&](int k) { return q3kr_sword(q[1].x, q[1].y, q[1].z, k); }, xv, s0, s1);
     q3kr_scales(q[0], d, sc0, sc1);
-    return h2f((u16)(q[0].w & 0xffff)) * dx * (float)((sc0 - 32) * s0 + (sc1 - 32) * s1);
+    return q3k_sum(h2f((u16)(q[0].w & 0xffff)), sc0, sc1, s0, s1, dx);
 }
 
 // qdot of a repacked type: its registers loaded, then rdot.
@@ -987,47 +1001,27 @@ __device__ __forceinline__ float qdot<T_Q3_K>(const u8* __restrict__ row, int u,
     int j = u & 7;
     const u8* qs = b + 32 + (j >> 2) * 32;
     int shift = 2 * (j & 3);
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 lv = ld_u32_a2(qs + 4 * k), hv = ld_u32_a2(b + 4 * k);
-        u32 q = ((lv >> shift) & 0x03030303u) | (((hv >> j) & 0x01010101u) << 2);
-        int qv = (int)__vsub4(q, 0x04040404u);
-        if (k < 4)
-            s0 = __dp4a(qv, xv[k], s0);
-        else
-            s1 = __dp4a(qv, xv[k], s1);
-    }
-    const u8* sc = b + 96;
-    int sc0 = q3k_scale(sc, 2 * j) - 32, sc1 = q3k_scale(sc, 2 * j + 1) - 32;
-    return ld_h(b + 108) * dx * (float)(sc0 * s0 + sc1 * s1);
+    int s0, s1;
+    half_dots(
+        [&](int k) {
+            u32 lv = ld_u32_a2(qs + 4 * k), hv = ld_u32_a2(b + 4 * k);
+            return __vsub4(((lv >> shift) & 0x03030303u) | (((hv >> j) & 0x01010101u) << 2), 0x04040404u);
+        },
+        xv, s0, s1);
+    return q3k_sum(ld_h(b + 108), q3k_scale(b + 96, 2 * j), q3k_scale(b + 96, 2 * j + 1), s0, s1, dx);
 }
 
 // { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }: w = d * (sc & 15) * q -
-// dmin * (sc >> 4), a scale byte per 16 values. The minimum's term takes the
-// sum of the 8-bit x of each half (as llama.cpp's Q2_K dot does), not xs.
+// dmin * (sc >> 4), a scale byte per 16 values (q2k_sum).
 template <>
 __device__ __forceinline__ float qdot<T_Q2_K>(const u8* __restrict__ row, int u, int cols, const int* xv, float dx, float sx) {
     const u8* b = row + (u >> 3) * 84;
     int j = u & 7;
     const u8* qs = b + 16 + (j >> 2) * 32;
     int shift = 2 * (j & 3);
-    int s0 = 0, s1 = 0, m0 = 0, m1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        int q = (int)((ld_u32_a2(qs + 4 * k) >> shift) & 0x03030303u);
-        if (k < 4) {
-            s0 = __dp4a(q, xv[k], s0);
-            m0 = __dp4a(0x01010101, xv[k], m0);
-        } else {
-            s1 = __dp4a(q, xv[k], s1);
-            m1 = __dp4a(0x01010101, xv[k], m1);
-        }
-    }
-    int sc0 = b[2 * j], sc1 = b[2 * j + 1];
-    float sd = (float)((sc0 & 15) * s0 + (sc1 & 15) * s1);
-    float sm = (float)((sc0 >> 4) * m0 + (sc1 >> 4) * m1);
-    return dx * (ld_h(b + 80) * sd - ld_h(b + 82) * sm);
+    int s0, s1;
+    half_dots([&](int k) { return (ld_u32_a2(qs + 4 * k) >> shift) & 0x03030303u; }, xv, s0, s1);
+    return q2k_sum(ld_h(b + 80), ld_h(b + 82), b[2 * j], b[2 * j + 1], s0, s1, xv, dx);
 }
 
 // Units per lane in flight. (Two rows per warp sharing the activation loads

@@ -279,7 +279,7 @@ struct Mq<T_Q3_KR> : MqRuns<112> {
     using Stage = Mq<T_Q4_KR>::Stage;
     static __device__ __forceinline__ u32 q3(const u8* sg, int j, int k) {
         uint2 w = *(const uint2*)(sg + 16 + 8 * j);
-        return __vsub4(q3kr_word(w.x, w.y, *(const u32*)(sg + 80 + 4 * j), k), 0x04040404u);
+        return q3kr_sword(w.x, w.y, *(const u32*)(sg + 80 + 4 * j), k);
     }
     struct Unit : MqHalves {
         __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {

@@ -580,6 +580,11 @@ __device__ __forceinline__ u32 q3kr_word(u32 a, u32 b, u32 h, int k) {
     return (((k & 1 ? b : a) >> (2 * (k >> 1))) & 0x03030303u) | (((h >> k) & 0x01010101u) << 2);
 }
 
+// The same as the signed values q - 4, a byte each, as the products take them.
+__device__ __forceinline__ u32 q3kr_sword(u32 a, u32 b, u32 h, int k) {
+    return __vsub4(q3kr_word(a, b, h, k), 0x04040404u);
+}
+
 template <>
 __device__ __forceinline__ void unit<T_Q3_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
     const u8* b = row + (u >> 3) * 112;

@@ -63,6 +63,19 @@ extern "C" __global__ void repack_q4k(u8* W, u64 nsb) { PDL_ENTRY();
     }
 }
 
+// A unit's 32 2-bit values (bytes qs[0..32] shifted right by `shift`) as
+// repacked Q3_K / Q2_K keep them, written to o[0], o[1]: value 4k + i at
+// byte i, bits 2 (k / 2), of o[0] for even k and of o[1] for odd k.
+__device__ __forceinline__ void pack2_words(const u8* qs, int shift, u32* o) {
+    u32 w[2] = {0, 0};
+    for (int l = 0; l < 32; l++) {
+        int k = l >> 2, i = l & 3;
+        w[k & 1] |= (u32)((qs[l] >> shift) & 3) << (8 * i + 2 * (k >> 1));
+    }
+    o[0] = w[0];
+    o[1] = w[1];
+}
+
 // Out of place, one thread per run of 4 super-blocks of a row (grid-stride):
 // `rows` Q2_K rows of `nsb` super-blocks at src into rows of whole runs of 4
 // at dst, the layout quant.cu describes at T_Q2_KR (super-blocks past `nsb`
@@ -79,22 +92,15 @@ extern "C" __global__ void repack_q2k(const u8* src, u8* dst, int rows, int nsb)
             bool in = 4 * k + s < nsb;
             const u8* b = src + (r * nsb + 4 * k + s) * 84;
             for (int j = 0; j < 8; j++) {
-                const u8* qs = b + 16 + (j >> 2) * 32;
-                int shift = 2 * (j & 3);
-                u32 w[2] = {0, 0};
-                for (int l = 0; l < 32 && in; l++) {
-                    int kk = l >> 2, ii = l & 3;
-                    w[kk & 1] |= (u32)((qs[l] >> shift) & 3) << (8 * ii + 2 * (kk >> 1));
-                }
-                o[2 * (8 * s + j)] = w[0];
-                o[2 * (8 * s + j) + 1] = w[1];
+                u32* w = o + 2 * (8 * s + j);
+                if (in)
+                    pack2_words(b + 16 + (j >> 2) * 32, 2 * (j & 3), w);
+                else
+                    w[0] = w[1] = 0;
             }
             // Scales (bytes 256 + 16 s ..) and d / dmin (320 + 4 s), as words.
-            for (int c = 0; c < 4; c++)
-                o[64 + 4 * s + c] = in ? (u32)b[4 * c] | ((u32)b[4 * c + 1] << 8) | ((u32)b[4 * c + 2] << 16) |
-                                             ((u32)b[4 * c + 3] << 24)
-                                       : 0u;
-            o[80 + s] = in ? (u32)b[80] | ((u32)b[81] << 8) | ((u32)b[82] << 16) | ((u32)b[83] << 24) : 0u;
+            for (int c = 0; c < 4; c++) o[64 + 4 * s + c] = in ? ld_u32_a2(b + 4 * c) : 0u;
+            o[80 + s] = in ? ld_u32_a2(b + 80) : 0u;
         }
     }
 }
@@ -119,18 +125,11 @@ extern "C" __global__ void repack_q3k(const u8* src, u8* dst, u64 nsb) { PDL_ENT
         o[0] = lo0;
         o[1] = lo1;
         o[2] = hi;
-        o[3] = (u32)b[108] | ((u32)b[109] << 8);
+        o[3] = ld_u16(b + 108);
         for (int j = 0; j < 8; j++) {
-            const u8* qs = b + 32 + (j >> 2) * 32;
-            int shift = 2 * (j & 3);
-            u32 w[2] = {0, 0}, h = 0;
-            for (int l = 0; l < 32; l++) {
-                int k = l >> 2, i = l & 3;
-                w[k & 1] |= (u32)((qs[l] >> shift) & 3) << (8 * i + 2 * (k >> 1));
-                h |= (u32)((hm[l] >> j) & 1) << (8 * i + k);
-            }
-            o[4 + 2 * j] = w[0];
-            o[5 + 2 * j] = w[1];
+            pack2_words(b + 32 + (j >> 2) * 32, 2 * (j & 3), o + 4 + 2 * j);
+            u32 h = 0;
+            for (int l = 0; l < 32; l++) h |= (u32)((hm[l] >> j) & 1) << (8 * (l & 3) + (l >> 2));
             o[20 + j] = h;
         }
     }

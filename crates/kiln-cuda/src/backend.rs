@@ -179,7 +179,8 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 }
 
 /// Bytes a row of `cols` values of `ty` takes where its repacked layout
-/// pads rows ([`Repack::Runs8To`], [`Repack::Q6KTo`], [`Repack::Q3K`]).
+/// writes rows out of place ([`Repack::Runs8To`], [`Repack::Q6KTo`],
+/// [`Repack::Q3K`], [`Repack::Q2K`]): [`repack`] allocates them from it.
 pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match repack_layout(ty, cols)? {
         Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
@@ -237,9 +238,9 @@ impl Repackers {
 pub(crate) struct Repacked {
     /// Its kernel-table index.
     pub(crate) kernel: usize,
-    /// Where it was written out of place ([`Repack::Runs8To`],
-    /// [`Repack::Q6KTo`]): the new buffer and its padded bytes a row; the
-    /// old bytes are left as they were.
+    /// Where it was written out of place ([`padded_row_bytes`]): the new
+    /// buffer and its padded bytes a row; the old bytes are left as they
+    /// were.
     pub(crate) moved: Option<(DevBuf, usize)>,
 }
 
@@ -261,11 +262,18 @@ pub(crate) fn repack(
     if ptr % 16 != 0 {
         return Ok(None);
     }
-    // repack8 / repack_q4k / repack_q5k: a thread per run of 8 blocks /
-    // super-block (grid-stride); one of either per 256 values.
+    // repack8 / repack_q4k / repack_q5k / repack_q3k: a thread per run of 8
+    // blocks / super-block (grid-stride); one of either per 256 values.
     let units = rows * cols / 256;
     let per_unit = (units.div_ceil(256).clamp(1, 65535) as u32, 1, 1);
-    let mut moved = None;
+    // A thread per `per_row` pieces of each row (grid-stride).
+    let per_rows = |per_row: usize| ((rows * per_row).div_ceil(256).clamp(1, 65535) as u32, 1, 1);
+    // The layouts written out of place: a new buffer of padded rows.
+    let moved = match padded_row_bytes(ty, cols) {
+        Some(rb) => Some((DevBuf::alloc(rows * rb)?, rb)),
+        None => None,
+    };
+    let (dst, row_bytes) = moved.as_ref().map_or((ptr, 0), |(b, rb)| (b.ptr, *rb));
     match layout {
         Repack::Runs8(qb) => gpu.launch(
             f.runs8,
@@ -274,70 +282,43 @@ pub(crate) fn repack(
             &[Arg::P(ptr), Arg::P(units as u64), Arg::I(qb as i32)],
         )?,
         Repack::Runs8To { qb, hb } => {
-            // A thread per run of a row.
             let blocks = cols / 32;
-            let row_bytes = runs8_row_bytes(cols, qb, hb);
-            let dst = DevBuf::alloc(rows * row_bytes)?;
             gpu.launch(
                 f.runs8_to,
-                (
-                    (rows * blocks.div_ceil(8)).div_ceil(256).clamp(1, 65535) as u32,
-                    1,
-                    1,
-                ),
+                per_rows(blocks.div_ceil(8)),
                 256,
                 &[
                     Arg::P(ptr),
-                    Arg::P(dst.ptr),
+                    Arg::P(dst),
                     Arg::I(rows as i32),
                     Arg::I(blocks as i32),
                     Arg::I(qb as i32),
                     Arg::I(hb as i32),
                     Arg::P(row_bytes as u64),
                 ],
-            )?;
-            moved = Some((dst, row_bytes));
+            )?
         }
-        Repack::Q6K(nsb) => {
-            q6k_rows(gpu, f, ptr, ptr, rows, nsb, nsb * 210)?;
-        }
-        Repack::Q6KTo(nsb) => {
-            let row_bytes = q6k_padded_row_bytes(nsb);
-            let dst = DevBuf::alloc(rows * row_bytes)?;
-            q6k_rows(gpu, f, ptr, dst.ptr, rows, nsb, row_bytes)?;
-            moved = Some((dst, row_bytes));
-        }
+        Repack::Q6K(nsb) => q6k_rows(gpu, f, ptr, ptr, rows, nsb, nsb * 210)?,
+        Repack::Q6KTo(nsb) => q6k_rows(gpu, f, ptr, dst, rows, nsb, row_bytes)?,
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
-        Repack::Q3K(nsb) => {
-            let row_bytes = nsb * Q3KR_BYTES;
-            let dst = DevBuf::alloc(rows * row_bytes)?;
-            gpu.launch(
-                f.q3k,
-                per_unit,
-                256,
-                &[Arg::P(ptr), Arg::P(dst.ptr), Arg::P(units as u64)],
-            )?;
-            moved = Some((dst, row_bytes));
-        }
-        Repack::Q2K(nsb) => {
-            // A thread per run of a row.
-            let runs = nsb.div_ceil(4);
-            let row_bytes = runs * Q2KR_RUN;
-            let dst = DevBuf::alloc(rows * row_bytes)?;
-            gpu.launch(
-                f.q2k,
-                ((rows * runs).div_ceil(256).clamp(1, 65535) as u32, 1, 1),
-                256,
-                &[
-                    Arg::P(ptr),
-                    Arg::P(dst.ptr),
-                    Arg::I(rows as i32),
-                    Arg::I(nsb as i32),
-                ],
-            )?;
-            moved = Some((dst, row_bytes));
-        }
+        Repack::Q3K(_) => gpu.launch(
+            f.q3k,
+            per_unit,
+            256,
+            &[Arg::P(ptr), Arg::P(dst), Arg::P(units as u64)],
+        )?,
+        Repack::Q2K(nsb) => gpu.launch(
+            f.q2k,
+            per_rows(nsb.div_ceil(4)),
+            256,
+            &[
+                Arg::P(ptr),
+                Arg::P(dst),
+                Arg::I(rows as i32),
+                Arg::I(nsb as i32),
+            ],
+        )?,
     }
     Ok(Some(Repacked {
         kernel: REPACKED + ty.id() as usize,
