@@ -29,6 +29,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
+#   bash bench/cuda/next_check.sh q2mmq    # branch q2-mmq vs main: fixtures (mmq Q2_K), Q2_K logits vs kiln-cpu, 8B batched decode
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
@@ -68,6 +69,19 @@ IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
+}
+# Each block of cc's --logits for model $1 (prefill, decode, exact decode) against its fourth,
+# kiln-cpu's.
+cpu_distance() {
+  python3 - $1 <<'PY'
+import sys
+from array import array
+V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
+cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
+for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
+    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
+    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
+PY
 }
 date -u +%T
 case $MODE in
@@ -441,5 +455,28 @@ phases)
     done
   done; done
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
+q2mmq)
+  # Branch q2-mmq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): the
+  # tensor-core product of batched Q2_K steps (mmq_q2_kr_*, built with a 128-token limit to
+  # find the type's). Fixtures (the mmq table's Q2_K rows), 1B Q2_K logits of both builds
+  # against kiln-cpu (the 24-token prefill now takes mmq), then 8B Q2_K batched decode and a
+  # 128-token prefill, main and branch; the other types' mmq kernels (SASS reordered by the
+  # copy's offsets) at 8 / 64 sequences of 8B Q3_K_M and Q4_0.
+  ( /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q2_k > /dev/null 2>&1
+    /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q2_k,q3_k_m,q4_0 > /dev/null 2>&1 ) &
+  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
+  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|^\| Q2_K \| [0-9]+ x [0-9]+ \| [0-9]+ \|' $OUT/checks.txt | head -8
+  wait; date -u +%T
+  m=/tmp/k1/model-q2_k.gguf
+  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
+  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
+  for x in a b; do echo "q2_k $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin; done
+  for b in kiln_a kiln; do
+    echo "$b"; /tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda --batch 1,2,4,8,16,32,64,128 -p 128 -n 128 2>&1 | grep -E '^\|'
+    echo "$b pp128 $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 128 -n 16 -r 3 2>&1 | pptg_of)"
+  done
+  for t in q3_k_m q4_0; do for b in kiln_a kiln; do
+    echo "$t $b"; /tmp/$b bench /tmp/k8/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 | grep -E '^\|'
+  done; done ;;
 esac
 date -u +%T

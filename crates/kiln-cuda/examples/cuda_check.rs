@@ -340,6 +340,7 @@ fn mmq_checks(gpu: &mut Gpu, failures: &mut Vec<String>) {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q3K,
+        GgmlType::Q2K,
     ] {
         for (rows, cols) in [(37, 2048), (200, 2304), (37, 4608), (130, 16640)] {
             let w = random_blocks(ty, rows * cols, &mut rng, 0.5);

@@ -14,7 +14,7 @@
 // A block: MMQ_WARPS warps of 16 rows each, NT tokens (8, 16, 32 or 64: the
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
-// run as stored, the tokens' 8-bit x of those columns and their scales and
+// run (as stored; Q2_K's from two places of its 4-run group), the tokens' 8-bit x of those columns and their scales and
 // sums, copied into shared memory with cp.async, S - 1 runs ahead of the
 // one being multiplied (mmq_stages: 3, or 2 where three would keep a second
 // block off the SM). grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n /
@@ -62,12 +62,15 @@ template <int T>
 struct Mq;
 
 // Rows of runs (or super-blocks) of RB_ bytes back to back, nothing taken
-// once a run beyond them.
+// once a run beyond them. A stage's 16-byte chunk ch of a row is copied
+// from run_off(run, ch) + chunk_off(ch) bytes after the row's src(row, 0).
 template <int RB_>
 struct MqRuns {
     static constexpr int RB = RB_;
     static constexpr bool EXTRA = false;
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    static __device__ __forceinline__ u64 run_off(int run, int ch) { return (u64)run * RB; }
+    static __device__ __forceinline__ u32 chunk_off(int ch) { return 16 * ch; }
     struct Stage {
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
     };
@@ -230,8 +233,7 @@ struct MqHalves {
 // a2 / a3 half 1's. Values q - 32 (q < 64): (q + 96) ^ 128 bytewise.
 // w . x = d dx (sc_0 s_0 + sc_1 s_1), the integer part exact.
 template <>
-struct Mq<T_Q6_KR> {
-    static constexpr int RB = 208;
+struct Mq<T_Q6_KR> : MqRuns<208> {
     static constexpr bool EXTRA = true;
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_rec(row, run); }
     // The 4-byte word holding super-block `run`'s d, and the d from it.
@@ -299,6 +301,62 @@ struct Mq<T_Q3_KR> : MqRuns<112> {
     };
 };
 
+// Repacked Q2_K (runs of 4 super-blocks, 336 bytes: the 32 units' 8-byte
+// words of 2-bit values, their 64 scale bytes, the 4 f16 d / dmin pairs). A
+// stage is a super-block: its units' words (64 bytes) and scale bytes (16)
+// from two places in the run, its d / dmin pair as the row's word (EXTRA).
+// A half's scale is at most 15 and a value 3, so (sc & 15) q fits a byte:
+// w . x = d dx s_d - dmin dx s_m, s_d one k = 32 product of the scaled
+// values and s_m one of the halves' minimums (sc >> 4 in each byte) with the
+// same x, both exact.
+template <>
+struct Mq<T_Q2_KR> : MqRuns<80> {
+    static constexpr bool EXTRA = true;
+    // Chunks 0-3: the words; 4: the scale bytes.
+    static __device__ __forceinline__ u64 run_off(int run, int ch) {
+        return (u64)(run >> 2) * 336 + (run & 3) * (ch < 4 ? 64 : 16);
+    }
+    static __device__ __forceinline__ u32 chunk_off(int ch) { return ch < 4 ? 16 * ch : 256; }
+    static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
+        return row + (u64)(run >> 2) * 336 + 320 + 4 * (run & 3);
+    }
+    static __device__ __forceinline__ u32 extra(u32 word, const u8* row, int run, int runs) { return word; }
+    struct Stage {
+        u32 eg, eg8;
+        __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) : eg(eg), eg8(eg8) {}
+    };
+    struct Unit {
+        u32 a[4], m[4];
+        float dg, dg8, mg, mg8;
+        __device__ __forceinline__ Unit(const Stage& st, const u8* sg, const u8* sg8, int j, int t) {
+            uint2 w = *(const uint2*)(sg + 8 * j), w8 = *(const uint2*)(sg8 + 8 * j);
+            u32 s0 = sg[64 + 2 * j], s1 = sg[65 + 2 * j], s80 = sg8[64 + 2 * j], s81 = sg8[65 + 2 * j];
+            a[0] = q3kr_word(w.x, w.y, 0u, t) * (s0 & 15);
+            a[1] = q3kr_word(w8.x, w8.y, 0u, t) * (s80 & 15);
+            a[2] = q3kr_word(w.x, w.y, 0u, 4 + t) * (s1 & 15);
+            a[3] = q3kr_word(w8.x, w8.y, 0u, 4 + t) * (s81 & 15);
+            m[0] = (s0 >> 4) * 0x01010101u;
+            m[1] = (s80 >> 4) * 0x01010101u;
+            m[2] = (s1 >> 4) * 0x01010101u;
+            m[3] = (s81 >> 4) * 0x01010101u;
+            dg = h2f((u16)(st.eg & 0xffff));
+            dg8 = h2f((u16)(st.eg8 & 0xffff));
+            mg = h2f((u16)(st.eg >> 16));
+            mg8 = h2f((u16)(st.eg8 >> 16));
+        }
+        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                             float sxb) const {
+            int c[4], cm[4];
+            mma_s8_16832(c, a, b0, b1, MMQ_BIAS);
+            mma_s8_16832(cm, m, b0, b1, MMQ_BIAS);
+            acc[0] = fmaf(dg * dxa, mmq_sum(c[0]), fmaf(-mg * dxa, mmq_sum(cm[0]), acc[0]));
+            acc[1] = fmaf(dg * dxb, mmq_sum(c[1]), fmaf(-mg * dxb, mmq_sum(cm[1]), acc[1]));
+            acc[2] = fmaf(dg8 * dxa, mmq_sum(c[2]), fmaf(-mg8 * dxa, mmq_sum(cm[2]), acc[2]));
+            acc[3] = fmaf(dg8 * dxb, mmq_sum(c[3]), fmaf(-mg8 * dxb, mmq_sum(cm[3]), acc[3]));
+        }
+    };
+};
+
 // A stage: the block's rows' run bytes, the tokens' x and scales / sums,
 // then a word a row (Mq<T>::EXTRA).
 template <int T, int NT>
@@ -343,7 +401,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
     for (int j = 0; j < WJ; j++) {
         int c = min(tid + NTH * j, MMQ_ROWS * CH - 1), row = c / CH;
-        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + 16 * (c % CH);
+        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::chunk_off(c % CH);
     }
     // x: 16 threads a token, chunk tid % 16 of tokens tid / 16 + 8 m; scales
     // and sums: 4 threads a token (two 16-byte chunks of each).
@@ -352,10 +410,10 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     const i8* xsrc = xq + (u64)(t0 + tid / 16) * cols + 16 * (tid % 16);
     auto copy_w = [&](int i) {
         u8* st = mmq_smem + (i % S) * SB;
-        const u8* src = wb + (u64)(rs + i) * RB;
 #pragma unroll
         for (int j = 0; j < WJ; j++)
-            if (tid + NTH * j < MMQ_ROWS * CH) cp_async16(smem_u32(st + 16 * (tid + NTH * j)), src + woff[j]);
+            if (tid + NTH * j < MMQ_ROWS * CH)
+                cp_async16(smem_u32(st + 16 * (tid + NTH * j)), wb + M::run_off(rs + i, (tid + NTH * j) % CH) + woff[j]);
         if constexpr (M::EXTRA) {
             for (int row = tid; row < MMQ_ROWS; row += NTH)
                 cp_async4(smem_u32(st + WB + XB + DB + 4 * row), M::dword(row_ptr(rb0 + row), rs + i, runs));
@@ -470,6 +528,10 @@ MMQ(q3_kr, T_Q3_KR, 8)
 MMQ(q3_kr, T_Q3_KR, 16)
 MMQ(q3_kr, T_Q3_KR, 32)
 MMQ(q3_kr, T_Q3_KR, 64)
+MMQ(q2_kr, T_Q2_KR, 8)
+MMQ(q2_kr, T_Q2_KR, 16)
+MMQ(q2_kr, T_Q2_KR, 32)
+MMQ(q2_kr, T_Q2_KR, 64)
 MMQ(q6_kr, T_Q6_KR, 8)
 MMQ(q6_kr, T_Q6_KR, 16)
 MMQ(q6_kr, T_Q6_KR, 32)

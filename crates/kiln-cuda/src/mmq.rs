@@ -49,11 +49,12 @@ pub(crate) struct MmqType {
     /// and cuBLAS (8B / 1B shapes on the H100, NOTES.md item 74: at 128
     /// tokens Q4_0 / Q8_0 / Q4_K gain 4-11% on the 8B, Q5_K loses 2.6%; Q3_K
     /// on the H200, NOTES.md item 95: 8B Q3_K_M at 128 sequences -3.3%,
-    /// a 128-token prefill -6.8%).
+    /// a 128-token prefill -6.8%; Q2_K, item 98: 8B at 128 sequences -21%,
+    /// a 128-token prefill -25%).
     pub max_tokens: usize,
 }
 
-pub(crate) fn mmq_types() -> [MmqType; 6] {
+pub(crate) fn mmq_types() -> [MmqType; 7] {
     let t = |ty: GgmlType, name, run_bytes, max_tokens| MmqType {
         id: REPACKED + ty.id() as usize,
         name,
@@ -67,6 +68,7 @@ pub(crate) fn mmq_types() -> [MmqType; 6] {
         t(GgmlType::Q5K, "q5_kr", 176, 64),
         t(GgmlType::Q6K, "q6_kr", 208, 128),
         t(GgmlType::Q3K, "q3_kr", 112, 64),
+        t(GgmlType::Q2K, "q2_kr", 80, 64),
     ]
 }
 
