@@ -30,6 +30,7 @@
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh q2mmq    # branch q2-mmq vs main: fixtures (mmq Q2_K), Q2_K logits vs kiln-cpu, 8B batched decode
+#   bash bench/cuda/next_check.sh kvab     # the #7 rows (-p 2048 -n 256) with the f32 and the f16 KV cache, alternated; Q2_K tg256 kiln vs kiln_a
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
@@ -237,7 +238,8 @@ l2win)
   done ;;
 envab)
   # Env / binary variants ($EV: "binary:VAR=v+VAR=v[:--flag+...] ...", + between variables) on the 1B / 8B
-  # shapes in $EV_TYPES (hf q4_0 ...), tg256 p16, $EV_ROUNDS rounds (default 2) alternated.
+  # shapes in $EV_TYPES (hf q4_0 ...), tg256 after a prompt of $EV_P (default 16), $EV_ROUNDS rounds
+  # (default 2) alternated.
   # Models written once per machine (/tmp/v1, /tmp/v8).
   T=$(gguf_types ${EV_TYPES:-hf})
   [ -d /tmp/v1 ] || /tmp/kiln synth Llama-3.2-1B /tmp/v1 --types "$T" > /dev/null 2>&1
@@ -247,7 +249,7 @@ envab)
     for v in $EV; do
       # binary:VARS[:ARGS], ARGS (bench flags) also joined by +.
       e=${v#*:}; a=""; case $e in *:*) a=${e#*:}; e=${e%%:*} ;; esac
-      echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p 16 -n 256 -r 2 ${a//+/ } 2>&1 | tg_of)"
+      echo "$s $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda -p ${EV_P:-16} -n 256 -r 2 ${a//+/ } 2>&1 | tg_of)"
     done
   done; done; done; date -u +%T ;;
 batchab)
@@ -478,5 +480,20 @@ q2mmq)
   for t in q3_k_m q4_0; do for b in kiln_a kiln; do
     echo "$t $b"; /tmp/$b bench /tmp/k8/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 | grep -E '^\|'
   done; done ;;
+kvab)
+  # The #7 rows' decode at depth 2,048-2,304 (-p 2048 -n 256) with the f32 (default) and the
+  # f16 KV cache (-ctk f16 -ctv f16, as llama.cpp's default), alternated twice, 1B and 8B,
+  # $KV_TYPES (default hf q4_0); then Q2_K tg256 (-p 16) kiln against kiln_a, twice.
+  TT=${KV_TYPES:-hf q4_0}
+  for S in Llama-3.2-1B Llama-3.1-8B; do
+    D=/tmp/kv-$S; /tmp/kiln synth $S $D --types $(gguf_types $TT),q2_k > /dev/null 2>&1; date -u +%T
+    for r in 1 2; do for t in $TT; do for kv in f32 f16; do
+      echo "$S $t $kv $(/tmp/kiln bench $(model_of $D $t) --device cuda -ctk $kv -ctv $kv -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
+    done; done; done
+    for r in 1 2; do for b in kiln_a kiln; do
+      echo "$S q2_k $b $(/tmp/$b bench $D/model-q2_k.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
+    done; done
+    rm -rf $D
+  done ;;
 esac
 date -u +%T
