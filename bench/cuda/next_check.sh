@@ -31,6 +31,7 @@
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh q2mmq    # branch q2-mmq vs main: fixtures (mmq Q2_K), Q2_K logits vs kiln-cpu, 8B batched decode
 #   bash bench/cuda/next_check.sh kvab     # the #7 rows (-p 2048 -n 256) with the f32 and the f16 KV cache, alternated; Q2_K tg256 kiln vs kiln_a
+#   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
@@ -494,6 +495,14 @@ kvab)
       echo "$S q2_k $b $(/tmp/$b bench $D/model-q2_k.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
     done; done
     rm -rf $D
+  done ;;
+peers)
+  # The device benchmark: bench/cuda/peers.sh with kiln.xz and transformers
+  # (hf_peer.py) on the same synth folders, $PEER_SHAPES (default Llama-3.2-1B), $PEER_TYPES
+  # (default q8_0,q4_0,q4_k_m); each shape's table also in $OUT.
+  for S in ${PEER_SHAPES:-Llama-3.2-1B}; do
+    bash bench/cuda/peers.sh /tmp/kiln bench/cuda/hf_peer.py $S ${PEER_TYPES:-q8_0,q4_0,q4_k_m} /tmp/pe-$S 2>/dev/null | tee $OUT/peers-$S.md
+    rm -rf /tmp/pe-$S; date -u +%T
   done ;;
 esac
 date -u +%T
