@@ -1756,6 +1756,7 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         rdq_impl<T, U, FLAT>(W, row_bytes, rows, cols, y);                                             \
     }
 RDQ(rdq4_pat, T_Q4_0R, 4, false)
+RDQ(rdq4_flat, T_Q4_0R, 4, true)
 RDQ(rdq8_pat, T_Q8_0R, 2, false)
 RDQ(rdq8_flat, T_Q8_0R, 2, true)
 
