@@ -1696,10 +1696,12 @@ extern "C" __global__ void rd_rows(const u8* W, u64 row_bytes, int rows, int col
 
 // Access-pattern ceilings for `cuda_check --gemv-micro`: a warp per row as
 // mvqs_impl runs it (U units a lane in flight, the next row's loads issued
-// before this one's reduction), no arithmetic but an xor. FLAT: the same
-// bytes laid out as a row's quants, then its scales, instead of repacked
-// runs of 8 (NOTES.md item 72: Q8_0's 8B chain 2.64 -> 2.52 ms flat).
-template <int T, int U, bool FLAT>
+// before this one's reduction), no arithmetic but an xor. LAYOUT 1 (flat):
+// the same bytes laid out as a row's quants, then its scales, instead of
+// repacked runs of 8 (NOTES.md item 72: Q8_0's 8B chain 2.64 -> 2.52 ms
+// flat); 2: runs of 32 units (a warp's loads, their quants then scales:
+// every load sector-aligned; rows of whole runs).
+template <int T, int U, int LAYOUT>
 __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
     constexpr int QB = Rq<T>::QB, QW = Rq<T>::QW;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1713,10 +1715,15 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u >= units) continue;
-            if (FLAT) {
+            if (LAYOUT == 1) {
 #pragma unroll
                 for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(row + (u64)u * QB + 16 * i);
                 d[k] = ld_u16(row + (u64)units * QB + 2 * u);
+            } else if (LAYOUT == 2) {
+                const u8* b = row + (u64)(u >> 5) * (32 * (QB + 2));
+#pragma unroll
+                for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(b + (u & 31) * QB + 16 * i);
+                d[k] = ld_u16(b + 32 * QB + 2 * (u & 31));
             } else {
                 rload<T>(row, u, cols, q[k], &d[k]);
             }
@@ -1750,15 +1757,16 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         r = rn;
     }
 }
-#define RDQ(NAME, T, U, FLAT)                                                                          \
+#define RDQ(NAME, T, U, LAYOUT)                                                                        \
     extern "C" __global__ void NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,      \
                                     const float* xd, const float* xs, float* y, const float* bias) {  \
-        rdq_impl<T, U, FLAT>(W, row_bytes, rows, cols, y);                                             \
+        rdq_impl<T, U, LAYOUT>(W, row_bytes, rows, cols, y);                                           \
     }
-RDQ(rdq4_pat, T_Q4_0R, 4, false)
-RDQ(rdq4_flat, T_Q4_0R, 4, true)
-RDQ(rdq8_pat, T_Q8_0R, 2, false)
-RDQ(rdq8_flat, T_Q8_0R, 2, true)
+RDQ(rdq4_pat, T_Q4_0R, 4, 0)
+RDQ(rdq4_flat, T_Q4_0R, 4, 1)
+RDQ(rdq4_r32, T_Q4_0R, 4, 2)
+RDQ(rdq8_pat, T_Q8_0R, 2, 0)
+RDQ(rdq8_flat, T_Q8_0R, 2, 1)
 
 // ---- A few tokens (decode batches of several sequences): the one-token
 // kernels above with each weight load shared by up to MV_NT tokens. Per
