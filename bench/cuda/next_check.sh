@@ -29,8 +29,6 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
-#   bash bench/cuda/next_check.sh q2mmq    # branch q2-mmq vs main: fixtures (mmq Q2_K), Q2_K logits vs kiln-cpu, 8B batched decode
-#   bash bench/cuda/next_check.sh kvab     # the #7 rows (-p 2048 -n 256) with the f32 and the f16 KV cache, alternated; Q2_K tg256 kiln vs kiln_a
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
@@ -44,7 +42,9 @@
 # on branch att-split32; w8 and the L2-window sweeps (l2pf, l2b-d, l2act, l2rule, l2att) are in
 # history at 0e44e47 and on branch l2-ahead.
 # The thirty-second session's branch checks (q23k, q3kr, q2kr, q3mmq, lb3; NOTES.md items 89-96)
-# and their helpers cpu_distance / variants_same are in git history at e45f3fb.
+# and their helpers cpu_distance / variants_same are in git history at e45f3fb; the
+# thirty-third's q2mmq and kvab (items 98, 100, 101) at b1dbd3a, its q23review, onechunk and downrest
+# on branches onechunk-r and down-rest.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -71,19 +71,6 @@ IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
-}
-# Each block of cc's --logits for model $1 (prefill, decode, exact decode) against its fourth,
-# kiln-cpu's.
-cpu_distance() {
-  python3 - $1 <<'PY'
-import sys
-from array import array
-V = 128256; a = array('f'); a.frombytes(open(sys.argv[1], 'rb').read()); n = len(a) // V // 4
-cpu = a[3 * n * V:]; mag = max(abs(v) for v in cpu)
-for k, name in [(0, 'prefill'), (1, 'decode'), (2, 'exact decode')]:
-    b = a[k * n * V:(k + 1) * n * V]; w = max(abs(p - q) for p, q in zip(b, cpu))
-    print(f"  {name}: {w:.3e} ({w / mag:.2e} of the largest)")
-PY
 }
 date -u +%T
 case $MODE in
@@ -458,44 +445,6 @@ phases)
     done
   done; done
   timeout 120 /tmp/cc --sync-micro 2>&1 | tail -12 ;;
-q2mmq)
-  # Branch q2-mmq (kiln.xz, cuda_check.xz) against main (kiln_a.xz, cuda_check_a.xz): the
-  # tensor-core product of batched Q2_K steps (mmq_q2_kr_*, built with a 128-token limit to
-  # find the type's). Fixtures (the mmq table's Q2_K rows), 1B Q2_K logits of both builds
-  # against kiln-cpu (the 24-token prefill now takes mmq), then 8B Q2_K batched decode and a
-  # 128-token prefill, main and branch; the other types' mmq kernels (SASS reordered by the
-  # copy's offsets) at 8 / 64 sequences of 8B Q3_K_M and Q4_0.
-  ( /tmp/kiln synth Llama-3.2-1B /tmp/k1 --types q2_k > /dev/null 2>&1
-    /tmp/kiln synth Llama-3.1-8B /tmp/k8 --types q2_k,q3_k_m,q4_0 > /dev/null 2>&1 ) &
-  timeout 240 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1
-  echo "fixtures rc $?"; grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|^\| Q2_K \| [0-9]+ x [0-9]+ \| [0-9]+ \|' $OUT/checks.txt | head -8
-  wait; date -u +%T
-  m=/tmp/k1/model-q2_k.gguf
-  /tmp/cc_a --logits $m "$IDS" /tmp/a.bin > /dev/null 2>&1
-  /tmp/cc --logits $m "$IDS" /tmp/b.bin > /dev/null 2>&1
-  for x in a b; do echo "q2_k $x: blocks against kiln-cpu"; cpu_distance /tmp/$x.bin; done
-  for b in kiln_a kiln; do
-    echo "$b"; /tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda --batch 1,2,4,8,16,32,64,128 -p 128 -n 128 2>&1 | grep -E '^\|'
-    echo "$b pp128 $(/tmp/$b bench /tmp/k8/model-q2_k.gguf --device cuda -p 128 -n 16 -r 3 2>&1 | pptg_of)"
-  done
-  for t in q3_k_m q4_0; do for b in kiln_a kiln; do
-    echo "$t $b"; /tmp/$b bench /tmp/k8/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 | grep -E '^\|'
-  done; done ;;
-kvab)
-  # The #7 rows' decode at depth 2,048-2,304 (-p 2048 -n 256) with the f32 (default) and the
-  # f16 KV cache (-ctk f16 -ctv f16, as llama.cpp's default), alternated twice, 1B and 8B,
-  # $KV_TYPES (default hf q4_0); then Q2_K tg256 (-p 16) kiln against kiln_a, twice.
-  TT=${KV_TYPES:-hf q4_0}
-  for S in Llama-3.2-1B Llama-3.1-8B; do
-    D=/tmp/kv-$S; /tmp/kiln synth $S $D --types $(gguf_types $TT),q2_k > /dev/null 2>&1; date -u +%T
-    for r in 1 2; do for t in $TT; do for kv in f32 f16; do
-      echo "$S $t $kv $(/tmp/kiln bench $(model_of $D $t) --device cuda -ctk $kv -ctv $kv -p 2048 -n 256 -r 3 2>&1 | pptg_of)"
-    done; done; done
-    for r in 1 2; do for b in kiln_a kiln; do
-      echo "$S q2_k $b $(/tmp/$b bench $D/model-q2_k.gguf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-    done; done
-    rm -rf $D
-  done ;;
 peers)
   # The issue's device benchmark: bench/cuda/peers.sh with kiln.xz and transformers
   # (hf_peer.py) on the same synth folders, $PEER_SHAPES (default Llama-3.2-1B), $PEER_TYPES
