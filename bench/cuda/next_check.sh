@@ -29,6 +29,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
+#   bash bench/cuda/next_check.sh q4pat    # the Q4_0 access patterns (runs of 8 / flat / runs of 32) by warps an SM, in the micro (kiln.xz's cuda_check)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
@@ -453,5 +454,13 @@ peers)
     bash bench/cuda/peers.sh /tmp/kiln bench/cuda/hf_peer.py $S ${PEER_TYPES:-q8_0,q4_0,q4_k_m} /tmp/pe-$S 2>/dev/null | tee $OUT/peers-$S.md
     rm -rf /tmp/pe-$S; date -u +%T
   done ;;
+q4pat)
+  # NOTES.md "Next" (the repacked Q4_0 layout's sectors): the micro's 8B chain for the Q4_0
+  # access patterns, the repacked runs of 8 (rdq4_pat), flat (rdq4_flat) and runs of 32
+  # (rdq4_r32), at 32 / 48 / 64 warps an SM, beside the fused kernels' loop (mvqsr4_q4_0r) and
+  # the plain-rows ceiling; twice.
+  M=""; for g in 16p2/512 16p3/512 16p4/512; do for k in rdq4_pat rdq4_flat rdq4_r32; do M="$M 8b/q4_0/$k/$g"; done; done
+  M="$M 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/rd_rows/16p2/512 1b/q4_0/rdq4_pat/16p2/512 1b/q4_0/rdq4_r32/16p2/512"
+  for r in 1 2; do timeout 200 /tmp/cc --gemv-micro $M 2>&1 | grep '^| [18]b'; done ;;
 esac
 date -u +%T
