@@ -1757,16 +1757,19 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         r = rn;
     }
 }
-#define RDQ(NAME, T, U, LAYOUT)                                                                        \
-    extern "C" __global__ void NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,      \
-                                    const float* xd, const float* xs, float* y, const float* bias) {  \
+#define RDQ(NAME, T, U, LAYOUT, BOUNDS)                                                                \
+    extern "C" __global__ void BOUNDS NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,  \
+                                           const float* xd, const float* xs, float* y, const float* bias) { \
         rdq_impl<T, U, LAYOUT>(W, row_bytes, rows, cols, y);                                           \
     }
-RDQ(rdq4_pat, T_Q4_0R, 4, 0)
-RDQ(rdq4_flat, T_Q4_0R, 4, 1)
-RDQ(rdq4_r32, T_Q4_0R, 4, 2)
-RDQ(rdq8_pat, T_Q8_0R, 2, 0)
-RDQ(rdq8_flat, T_Q8_0R, 2, 1)
+// The Q4_0 patterns bounded to three blocks of 512 an SM, so that each can be
+// timed at 48 warps an SM (rdq4_r32 took 48 registers unbounded).
+#define RDQ_B3 __launch_bounds__(512, 3)
+RDQ(rdq4_pat, T_Q4_0R, 4, 0, RDQ_B3)
+RDQ(rdq4_flat, T_Q4_0R, 4, 1, RDQ_B3)
+RDQ(rdq4_r32, T_Q4_0R, 4, 2, RDQ_B3)
+RDQ(rdq8_pat, T_Q8_0R, 2, 0, )
+RDQ(rdq8_flat, T_Q8_0R, 2, 1, )
 
 // ---- A few tokens (decode batches of several sequences): the one-token
 // kernels above with each weight load shared by up to MV_NT tokens. Per
