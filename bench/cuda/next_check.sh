@@ -457,10 +457,13 @@ peers)
 q4pat)
   # NOTES.md "Next" (the repacked Q4_0 layout's sectors): the micro's 8B chain for the Q4_0
   # access patterns, the repacked runs of 8 (rdq4_pat), flat (rdq4_flat) and runs of 32
-  # (rdq4_r32), at 32 / 48 / 64 warps an SM, beside the fused kernels' loop (mvqsr4_q4_0r) and
+  # (rdq4_r32), at 32 / 48 / 64 warps an SM; then the fused residual kernel's loop on either
+  # layout (mvqsr4 / mvqsr8 _q4_0r against _q4_0r32, micro-only kernels on random bytes) and
   # the plain-rows ceiling; twice.
   M=""; for g in 16p2/512 16p3/512 16p4/512; do for k in rdq4_pat rdq4_flat rdq4_r32; do M="$M 8b/q4_0/$k/$g"; done; done
-  M="$M 8b/q4_0/mvqsr4_q4_0r/16p2/512 8b/q4_0/rd_rows/16p2/512 1b/q4_0/rdq4_pat/16p2/512 1b/q4_0/rdq4_r32/16p2/512"
+  K="mvqsr4_q4_0r mvqsr4_q4_0r32 mvqsr8_q4_0r mvqsr8_q4_0r32"
+  for k in $K rd_rows; do M="$M 8b/q4_0/$k/16p2/512"; done
+  for k in $K; do M="$M 1b/q4_0/$k/16p2/512"; done
   for r in 1 2; do timeout 200 /tmp/cc --gemv-micro $M 2>&1 | grep '^| [18]b'; done ;;
 esac
 date -u +%T

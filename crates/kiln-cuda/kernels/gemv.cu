@@ -762,6 +762,33 @@ __device__ __forceinline__ float rdot<T_Q4_0RS>(const uint4* q, u16 d, const int
     return q4_0_sum(h2f(d), nib_dot_shift(a, xv), dx, sx);
 }
 
+// Q4_0 in runs of 32 units (576 bytes: the units' quants, then their f16
+// scales; every load of a warp sector-aligned), for `cuda_check
+// --gemv-micro` only (`mvqsr*_q4_0r32` on random bytes beside
+// `mvqsr*_q4_0r`: NOTES.md "Next", the repacked Q4_0 layout's sectors). No
+// repack writes it. A kernel type id of its own, outside ggml's.
+#define T_Q4_0R32 (T_Q4_0R + 200)
+template <>
+struct Rq<T_Q4_0R32> : Rq<T_Q4_0R> {};
+template <>
+__device__ __forceinline__ float rdot<T_Q4_0R32>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
+    return rdot<T_Q4_0R>(q, d, xv, dx, sx);
+}
+template <>
+__device__ __forceinline__ void rload<T_Q4_0R32>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    const u8* b = row + (u >> 5) * 576;
+    q[0] = ld_stream16(b + 16 * (u & 31));
+    *d = ld_u16(b + 512 + 2 * (u & 31));
+}
+// Unit u0 + 32 k sits k runs past u0's.
+template <>
+__device__ __forceinline__ void rload_k<T_Q4_0R32>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q,
+                                                   u16* d) {
+    const u8* b = row + (u0 >> 5) * 576 + 576 * k;
+    q[0] = ld_stream16(b + 16 * (u0 & 31));
+    *d = ld_u16(b + 512 + 2 * (u0 & 31));
+}
+
 // The integer sums and the float arithmetic of qdot<T_Q6_K>.
 template <>
 __device__ __forceinline__ float rdot<T_Q6_KR>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
@@ -1523,6 +1550,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
+MVQSR(q4_0r32, T_Q4_0R32, 4)
+MVQSR(q4_0r32, T_Q4_0R32, 8)
 extern "C" __global__ void mvqs4s_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
                                         const float* xs, float* y, const float* bias) {
     mvqs_impl<T_Q4_0RS, 4>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
