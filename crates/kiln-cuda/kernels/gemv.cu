@@ -774,19 +774,20 @@ template <>
 __device__ __forceinline__ float rdot<T_Q4_0R32>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     return rdot<T_Q4_0R>(q, d, xv, dx, sx);
 }
-template <>
-__device__ __forceinline__ void rload<T_Q4_0R32>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    const u8* b = row + (u >> 5) * 576;
+// Unit u + 32 k: k runs past unit u's (rload and rload_k).
+__device__ __forceinline__ void q4r32_load(const u8* __restrict__ row, int u, int k, uint4* q, u16* d) {
+    const u8* b = row + (u >> 5) * 576 + 576 * k;
     q[0] = ld_stream16(b + 16 * (u & 31));
     *d = ld_u16(b + 512 + 2 * (u & 31));
 }
-// Unit u0 + 32 k sits k runs past u0's.
+template <>
+__device__ __forceinline__ void rload<T_Q4_0R32>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q4r32_load(row, u, 0, q, d);
+}
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_0R32>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q,
                                                    u16* d) {
-    const u8* b = row + (u0 >> 5) * 576 + 576 * k;
-    q[0] = ld_stream16(b + 16 * (u0 & 31));
-    *d = ld_u16(b + 512 + 2 * (u0 & 31));
+    q4r32_load(row, u0, k, q, d);
 }
 
 // The integer sums and the float arithmetic of qdot<T_Q6_K>.
@@ -1725,12 +1726,11 @@ extern "C" __global__ void rd_rows(const u8* W, u64 row_bytes, int rows, int col
 
 // Access-pattern ceilings for `cuda_check --gemv-micro`: a warp per row as
 // mvqs_impl runs it (U units a lane in flight, the next row's loads issued
-// before this one's reduction), no arithmetic but an xor. LAYOUT 1 (flat):
-// the same bytes laid out as a row's quants, then its scales, instead of
-// repacked runs of 8 (NOTES.md item 72: Q8_0's 8B chain 2.64 -> 2.52 ms
-// flat); 2: runs of 32 units (a warp's loads, their quants then scales:
-// every load sector-aligned; rows of whole runs).
-template <int T, int U, int LAYOUT>
+// before this one's reduction), no arithmetic but an xor, in T's layout
+// (rload). FLAT: the same bytes laid out as a row's quants, then its scales,
+// instead of repacked runs of 8 (NOTES.md item 72: Q8_0's 8B chain 2.64 ->
+// 2.52 ms flat).
+template <int T, int U, bool FLAT>
 __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols, float* y) {
     constexpr int QB = Rq<T>::QB, QW = Rq<T>::QW;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1744,15 +1744,10 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         for (int k = 0; k < U; k++) {
             int u = u0 + 32 * k;
             if (u >= units) continue;
-            if (LAYOUT == 1) {
+            if (FLAT) {
 #pragma unroll
                 for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(row + (u64)u * QB + 16 * i);
                 d[k] = ld_u16(row + (u64)units * QB + 2 * u);
-            } else if (LAYOUT == 2) {
-                const u8* b = row + (u64)(u >> 5) * (32 * (QB + 2));
-#pragma unroll
-                for (int i = 0; i < QW; i++) q[k][i] = ld_stream16(b + (u & 31) * QB + 16 * i);
-                d[k] = ld_u16(b + 32 * QB + 2 * (u & 31));
             } else {
                 rload<T>(row, u, cols, q[k], &d[k]);
             }
@@ -1786,19 +1781,19 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
         r = rn;
     }
 }
-#define RDQ(NAME, T, U, LAYOUT, BOUNDS)                                                                \
+#define RDQ(NAME, T, U, FLAT, BOUNDS)                                                                  \
     extern "C" __global__ void BOUNDS NAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq,  \
                                            const float* xd, const float* xs, float* y, const float* bias) { \
-        rdq_impl<T, U, LAYOUT>(W, row_bytes, rows, cols, y);                                           \
+        rdq_impl<T, U, FLAT>(W, row_bytes, rows, cols, y);                                             \
     }
 // The Q4_0 patterns bounded to three blocks of 512 an SM, so that each can be
 // timed at 48 warps an SM (rdq4_r32 took 48 registers unbounded).
 #define RDQ_B3 __launch_bounds__(512, 3)
-RDQ(rdq4_pat, T_Q4_0R, 4, 0, RDQ_B3)
-RDQ(rdq4_flat, T_Q4_0R, 4, 1, RDQ_B3)
-RDQ(rdq4_r32, T_Q4_0R, 4, 2, RDQ_B3)
-RDQ(rdq8_pat, T_Q8_0R, 2, 0, )
-RDQ(rdq8_flat, T_Q8_0R, 2, 1, )
+RDQ(rdq4_pat, T_Q4_0R, 4, false, RDQ_B3)
+RDQ(rdq4_flat, T_Q4_0R, 4, true, RDQ_B3)
+RDQ(rdq4_r32, T_Q4_0R32, 4, false, RDQ_B3)
+RDQ(rdq8_pat, T_Q8_0R, 2, false, )
+RDQ(rdq8_flat, T_Q8_0R, 2, true, )
 
 // ---- A few tokens (decode batches of several sequences): the one-token
 // kernels above with each weight load shared by up to MV_NT tokens. Per

@@ -14,13 +14,13 @@
 // A block: MMQ_WARPS warps of 16 rows each, NT tokens (8, 16, 32 or 64: the
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
-// run (as stored; Q2_K's from two places of its 4-run group), the tokens' 8-bit x of those columns and their scales and
-// sums, copied into shared memory with cp.async, S - 1 runs ahead of the
-// one being multiplied (mmq_stages: 3, or 2 where three would keep a second
-// block off the SM). grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n /
-// NT)); dynamic shared memory mmq_stages x mmq_stage_bytes (src/mmq.rs
-// computes the same). Repacked layouts only (whole runs a row: cols % 256
-// == 0).
+// run (as stored; Q2_K's from two places of its run of four), the tokens'
+// 8-bit x of those columns and their scales and sums, copied into shared
+// memory with cp.async, S - 1 runs ahead of the one being multiplied
+// (mmq_stages: 3, or 2 where three would keep a second block off the SM).
+// grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n / NT)); dynamic
+// shared memory mmq_stages x mmq_stage_bytes (src/mmq.rs computes the
+// same). Repacked layouts only (whole runs a row: cols % 256 == 0).
 #define MMQ_WARPS 4
 #define MMQ_ROWS (16 * MMQ_WARPS)
 #define MMQ_STAGES 3
@@ -213,16 +213,16 @@ struct MqHalves {
     u32 a[4];
     int sg0, sg1, sg80, sg81;
     float dg, dg8;
-        __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
-                                             float sxb) const {
-            int c0[4], c1[4];
-            mma_s8_16816(c0, a[0], a[1], b0);
-            mma_s8_16816(c1, a[2], a[3], b1);
-            acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
-            acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
-            acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
-            acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
-        }
+    __device__ __forceinline__ void tile(float (&acc)[4], u32 b0, u32 b1, float dxa, float sxa, float dxb,
+                                         float sxb) const {
+        int c0[4], c1[4];
+        mma_s8_16816(c0, a[0], a[1], b0);
+        mma_s8_16816(c1, a[2], a[3], b1);
+        acc[0] = fmaf(dg * dxa, (float)(sg0 * c0[0] + sg1 * c1[0]), acc[0]);
+        acc[1] = fmaf(dg * dxb, (float)(sg0 * c0[1] + sg1 * c1[1]), acc[1]);
+        acc[2] = fmaf(dg8 * dxa, (float)(sg80 * c0[2] + sg81 * c1[2]), acc[2]);
+        acc[3] = fmaf(dg8 * dxb, (float)(sg80 * c0[3] + sg81 * c1[3]), acc[3]);
+    }
 };
 
 // Repacked Q6_K (208-byte records: 8 units of 16 low-nibble bytes, 8 x 8

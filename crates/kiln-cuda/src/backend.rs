@@ -269,10 +269,9 @@ pub(crate) fn repack(
     // A thread per `per_row` pieces of each row (grid-stride).
     let per_rows = |per_row: usize| ((rows * per_row).div_ceil(256).clamp(1, 65535) as u32, 1, 1);
     // The layouts written out of place: a new buffer of padded rows.
-    let moved = match padded_row_bytes(ty, cols) {
-        Some(rb) => Some((DevBuf::alloc(rows * rb)?, rb)),
-        None => None,
-    };
+    let moved = padded_row_bytes(ty, cols)
+        .map(|rb| DevBuf::alloc(rows * rb).map(|b| (b, rb)))
+        .transpose()?;
     let (dst, row_bytes) = moved.as_ref().map_or((ptr, 0), |(b, rb)| (b.ptr, *rb));
     match layout {
         Repack::Runs8(qb) => gpu.launch(
