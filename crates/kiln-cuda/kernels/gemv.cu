@@ -646,11 +646,19 @@ __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int 
 // The lane's pointers are taken once (u0's), each unit's loads at a
 // constant offset from them: 4 k runs (Q4_0R) or super-blocks past u0.
 // (Q8_0R keeps rload: its mvq_q8_0r lost 4-6% this way, NOTES.md item 72.)
+// Repacked Q4_0 (flat): unit u + 32 k, 512 quant and 64 scale bytes past
+// unit u's (rload and rload_k; T_Q4_0RS too).
+__device__ __forceinline__ void q4f_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {
+    q[0] = ld_stream16(q4f_q(row, u) + 512 * k);
+    *d = ld_u16(q4f_dp(row, u, cols) + 64 * k);
+}
+template <>
+__device__ __forceinline__ void rload<T_Q4_0R>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q4f_load(row, u, 0, cols, q, d);
+}
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_0R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
-    constexpr int KS = 4 * 8 * (16 + 2);
-    q[0] = ld_stream16(r8_q<16>(row, u0) + KS * k);
-    *d = ld_u16(r8_dp<16>(row, u0) + KS * k);
+    q4f_load(row, u0, k, cols, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q4_1R>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
@@ -757,37 +765,13 @@ __device__ __forceinline__ float rdot<T_Q5_1R>(const uint4* q, u16 d, const int*
 template <>
 struct Rq<T_Q4_0RS> : Rq<T_Q4_0R> {};
 template <>
+__device__ __forceinline__ void rload<T_Q4_0RS>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
+    q4f_load(row, u, 0, cols, q, d);
+}
+template <>
 __device__ __forceinline__ float rdot<T_Q4_0RS>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
     u32 a[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
     return q4_0_sum(h2f(d), nib_dot_shift(a, xv), dx, sx);
-}
-
-// Q4_0 in runs of 32 units (576 bytes: the units' quants, then their f16
-// scales; every load of a warp sector-aligned), for `cuda_check
-// --gemv-micro` only (`mvqsr*_q4_0r32` on random bytes beside
-// `mvqsr*_q4_0r`: NOTES.md "Next", the repacked Q4_0 layout's sectors). No
-// repack writes it. A kernel type id of its own, outside ggml's.
-#define T_Q4_0R32 (T_Q4_0R + 200)
-template <>
-struct Rq<T_Q4_0R32> : Rq<T_Q4_0R> {};
-template <>
-__device__ __forceinline__ float rdot<T_Q4_0R32>(const uint4* q, u16 d, const int* xv, float dx, float sx) {
-    return rdot<T_Q4_0R>(q, d, xv, dx, sx);
-}
-// Unit u + 32 k: k runs past unit u's (rload and rload_k).
-__device__ __forceinline__ void q4r32_load(const u8* __restrict__ row, int u, int k, uint4* q, u16* d) {
-    const u8* b = row + (u >> 5) * 576 + 576 * k;
-    q[0] = ld_stream16(b + 16 * (u & 31));
-    *d = ld_u16(b + 512 + 2 * (u & 31));
-}
-template <>
-__device__ __forceinline__ void rload<T_Q4_0R32>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    q4r32_load(row, u, 0, q, d);
-}
-template <>
-__device__ __forceinline__ void rload_k<T_Q4_0R32>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q,
-                                                   u16* d) {
-    q4r32_load(row, u0, k, q, d);
 }
 
 // The integer sums and the float arithmetic of qdot<T_Q6_K>.
@@ -1551,8 +1535,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
-MVQSR(q4_0r32, T_Q4_0R32, 4)
-MVQSR(q4_0r32, T_Q4_0R32, 8)
 extern "C" __global__ void mvqs4s_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
                                         const float* xs, float* y, const float* bias) {
     mvqs_impl<T_Q4_0RS, 4>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);
@@ -1786,12 +1768,10 @@ __device__ __forceinline__ void rdq_impl(const u8* __restrict__ W, u64 row_bytes
                                            const float* xd, const float* xs, float* y, const float* bias) { \
         rdq_impl<T, U, FLAT>(W, row_bytes, rows, cols, y);                                             \
     }
-// The Q4_0 patterns bounded to three blocks of 512 an SM, so that each can be
-// timed at 48 warps an SM (rdq4_r32 took 48 registers unbounded).
+// The Q4_0 pattern bounded to three blocks of 512 an SM, so that it can be
+// timed at 48 warps an SM.
 #define RDQ_B3 __launch_bounds__(512, 3)
 RDQ(rdq4_pat, T_Q4_0R, 4, false, RDQ_B3)
-RDQ(rdq4_flat, T_Q4_0R, 4, true, RDQ_B3)
-RDQ(rdq4_r32, T_Q4_0R32, 4, false, RDQ_B3)
 RDQ(rdq8_pat, T_Q8_0R, 2, false, )
 RDQ(rdq8_flat, T_Q8_0R, 2, true, )
 

@@ -14,7 +14,8 @@
 // A block: MMQ_WARPS warps of 16 rows each, NT tokens (8, 16, 32 or 64: the
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
-// run (as stored; Q2_K's from two places of its run of four), the tokens'
+// run (as stored; Q2_K's from two places of its run of four, Q4_0's quants
+// and scales from the two parts of its row), the tokens'
 // 8-bit x of those columns and their scales and sums, copied into shared
 // memory with cp.async, S - 1 runs ahead of the one being multiplied
 // (mmq_stages: 3, or 2 where three would keep a second block off the SM).
@@ -63,14 +64,15 @@ struct Mq;
 
 // Rows of runs (or super-blocks) of RB_ bytes back to back, nothing taken
 // once a run beyond them. A stage's 16-byte chunk ch of a row is copied
-// from run_off(run, ch) + chunk_off(ch) bytes after the row's src(row, 0).
+// from run_off(run, ch) + chunk_off(ch, runs) bytes after the row's
+// src(row, 0) (a row of `runs` runs).
 template <int RB_>
 struct MqRuns {
     static constexpr int RB = RB_;
     static constexpr bool EXTRA = false;
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
     static __device__ __forceinline__ u64 run_off(int run, int ch) { return (u64)run * RB; }
-    static __device__ __forceinline__ u32 chunk_off(int ch) { return 16 * ch; }
+    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return 16 * ch; }
     struct Stage {
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
     };
@@ -86,13 +88,17 @@ __device__ __forceinline__ void nib_frags(u32 (&a)[4], u32 w0, u32 w1) {
     a[3] = (w1 >> 4) & 0x0f0f0f0fu;
 }
 
-// Repacked Q4_0 (runs of 8 units: 8 x 16 quant bytes, then 8 f16 scales).
+// Repacked Q4_0 (flat: a row's units' 16 quant bytes, then their f16
+// scales). A stage is 8 units: their quants (chunks 0-7) and scales (chunk
+// 8, from the row's scales), 144 bytes as runs of 8 held them.
 // Byte i of a unit holds value i (low nibble) and i + 16 (high), so the
 // lane's word 4t..4t+3 gives both a0 (low) and a2 (high). The nibbles go
 // in unsigned, and the 8 comes off through the token's sum sx:
 // w . x = d * (dx * s - 8 sx).
 template <>
 struct Mq<T_Q4_0R> : MqRuns<144> {
+    static __device__ __forceinline__ u64 run_off(int run, int ch) { return (u64)run * (ch < 8 ? 128 : 16); }
+    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return ch < 8 ? 16 * ch : 128 * runs; }
     struct Unit {
         u32 a[4];
         float dg, dg8;
@@ -316,7 +322,7 @@ struct Mq<T_Q2_KR> : MqRuns<80> {
     static __device__ __forceinline__ u64 run_off(int run, int ch) {
         return (u64)(run >> 2) * 336 + (run & 3) * (ch < 4 ? 64 : 16);
     }
-    static __device__ __forceinline__ u32 chunk_off(int ch) { return ch < 4 ? 16 * ch : 256; }
+    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return ch < 4 ? 16 * ch : 256; }
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return row + (u64)(run >> 2) * 336 + 320 + 4 * (run & 3);
     }
@@ -401,7 +407,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
     for (int j = 0; j < WJ; j++) {
         int c = min(tid + NTH * j, MMQ_ROWS * CH - 1), row = c / CH;
-        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::chunk_off(c % CH);
+        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::chunk_off(c % CH, runs);
     }
     // x: 16 threads a token, chunk tid % 16 of tokens tid / 16 + 8 m; scales
     // and sums: 4 threads a token (two 16-byte chunks of each).

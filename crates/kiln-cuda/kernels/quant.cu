@@ -319,18 +319,25 @@ __device__ __forceinline__ u32 spread4(u32 h) {
     return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
 }
 
-// ---- Repacked Q4_0 / Q8_0 / Q5_0 / Q4_1 / Q5_1: each run of 8 blocks is
+// ---- Repacked Q8_0 / Q5_0 / Q4_1 / Q5_1: each run of 8 blocks is
 // stored as their 8 quant arrays (QB = 16 or 32 bytes each), then their 8
 // second fields (HB bytes each: Q5_0's words of fifth bits, Q4_1's f16
 // minimums, Q5_1's minimum and fifth-bit word),
 // then their 8 f16 scales. A block's quants
 // then start 16-byte aligned and are one or two loads instead of eight or
-// sixteen 2-byte ones. Rows of whole runs (cols % 256 == 0) of Q4_0 / Q8_0
+// sixteen 2-byte ones. Rows of whole runs (cols % 256 == 0) of Q8_0
 // are rearranged in place at load (`repack8`: same bytes per row); other
 // rows, and Q5_0 / Q4_1 / Q5_1, into a new buffer whose rows are whole runs (`repack8_to`:
 // the last run's missing blocks are zeros no kernel reads, since every
 // kernel stops at the row's cols / 32 units). Kernel type id: T_REPACKED +
 // the ggml id.
+//
+// Repacked Q4_0 is flat instead (`repack_q4f`): a row's units' 16 quant
+// bytes in order, then their f16 scales. A warp's loads of 32 units' quants
+// (512 bytes) and scales (64) then fall on whole 32-byte sectors; runs of 8
+// (144 bytes) touched 22 sectors for 18 sectors' bytes (NOTES.md item 103).
+// Rows whose bytes are a multiple of 16 (cols % 256 == 0) are rearranged
+// in place; others into rows padded to 16 bytes.
 #define T_REPACKED 48
 #define T_Q8_0R (T_REPACKED + T_Q8_0)
 #define T_Q4_0R (T_REPACKED + T_Q4_0)
@@ -357,10 +364,17 @@ __device__ __forceinline__ float r8_d(const u8* row, int u) {
     return ld_h(r8_dp<QB>(row, u));
 }
 
+#define Q4F_MAX_UNITS 2730  // a row in 48 KiB of shared memory (repack_q4f)
+
+// Repacked Q4_0: where unit u's quants and its f16 scale sit in a row of
+// `cols` values.
+__device__ __forceinline__ const u8* q4f_q(const u8* row, int u) { return row + 16 * u; }
+__device__ __forceinline__ const u8* q4f_dp(const u8* row, int u, int cols) { return row + (cols >> 1) + 2 * u; }
+
 template <>
 __device__ __forceinline__ void unit<T_Q4_0R>(const u8* __restrict__ row, int u, int cols, float* w) {
-    uint4 v = *(const uint4*)r8_q<16>(row, u);
-    float d = r8_d<16>(row, u);
+    uint4 v = *(const uint4*)q4f_q(row, u);
+    float d = ld_h(q4f_dp(row, u, cols));
     u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; i++) {

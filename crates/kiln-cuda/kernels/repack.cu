@@ -189,6 +189,24 @@ extern "C" __global__ void repack8_to(const u8* src, u8* dst, int rows, int bloc
     }
 }
 
+// A block per row (grid-stride over rows): Q4_0 rows of `units` blocks
+// (units <= Q4F_MAX_UNITS) at src, rows of src_rb bytes, into repacked Q4_0
+// (flat) at dst, rows of dst_rb bytes (16-byte aligned). The row is read
+// into shared memory first, so src == dst (in place) is allowed.
+extern "C" __global__ void repack_q4f(const u8* src, u8* dst, int rows, int units, u64 src_rb, u64 dst_rb) {
+    PDL_ENTRY();
+    __shared__ u16 s[Q4F_MAX_UNITS * 9];
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const u16* from = (const u16*)(src + (u64)r * src_rb);
+        for (int i = threadIdx.x; i < units * 9; i += blockDim.x) s[i] = from[i];
+        __syncthreads();
+        u16* q = (u16*)(dst + (u64)r * dst_rb);
+        for (int i = threadIdx.x; i < units * 8; i += blockDim.x) q[i] = s[(i >> 3) * 9 + 1 + (i & 7)];
+        for (int u = threadIdx.x; u < units; u += blockDim.x) q[8 * units + u] = s[9 * u];
+        __syncthreads();
+    }
+}
+
 // In place, one thread per run of 8 blocks of qb + 2 bytes (f16 scale
 // first, as in the file): the run becomes the 8 quant arrays, then the 8
 // scales. grid-stride over `runs`; qb <= 32.

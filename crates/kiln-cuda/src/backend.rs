@@ -87,11 +87,13 @@ pub(crate) fn argmax_slices(cols: usize) -> usize {
 pub(crate) const REPACKED: usize = 48;
 
 /// Quantized types whose matrices are repacked at load, and their kernels'
-/// name suffix. Q4_0 / Q8_0 / Q5_0 / Q4_1 / Q5_1 (`repack8` / `repack8_to`
+/// name suffix. Q8_0 / Q5_0 / Q4_1 / Q5_1 (`repack8` / `repack8_to`
 /// in repack.cu): each run of 8 blocks as 8 quant arrays, then Q5_0's 8
 /// words of fifth bits, Q4_1's 8 minimums or Q5_1's 8 minimum-and-fifth-bits
 /// fields, then 8 scales, so the GEMVs read a
-/// block's quants with one 16-byte load. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
+/// block's quants with one 16-byte load. Q4_0 (`repack_q4f`): flat, a row's
+/// blocks' 16 quant bytes, then their scales, so that a warp's loads fall on
+/// whole 32-byte sectors. Q4_K / Q5_K (`repack_q4k` / `repack_q5k`): each
 /// super-block's nibbles as one 16-byte run per 32-value unit behind its
 /// unchanged header (Q5_K: then a word of fifth bits per unit). Q6_K
 /// (`repack_q6k`): the super-blocks' f16 scales moved aside so that the rest
@@ -132,6 +134,11 @@ pub(crate) enum Repack {
         qb: usize,
         hb: usize,
     },
+    /// `repack_q4f`: Q4_0 rows of this many blocks, flat (their quants,
+    /// then their scales), in place (rows whose bytes are a multiple of 16).
+    Q4F(usize),
+    /// `repack_q4f` into a new buffer of rows padded to 16 bytes.
+    Q4FTo(usize),
     /// `repack_q6k`: rows of this many super-blocks, in place.
     Q6K(usize),
     /// `repack_q6k` into a new buffer of rows padded to 16 bytes: rows of
@@ -154,14 +161,21 @@ pub(crate) enum Repack {
 /// rows are repacked into rows padded to 16 bytes, whose fronts are empty.
 const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
 
+/// Blocks a Q4_0 row may have to be repacked: what `repack_q4f` holds in
+/// shared memory (Q4F_MAX_UNITS in quant.cu). Longer rows stay as they are.
+const Q4F_MAX_UNITS: usize = 2730;
+
 /// The repacked layout of rows of `cols` values of `ty`, when they have one.
 pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
     let (whole, blocks) = (cols % 256 == 0, cols % 32 == 0);
+    let units = cols / 32;
     match ty {
-        GgmlType::Q4_0 if whole => Some(Repack::Runs8(16)),
+        GgmlType::Q4_0 if whole && units > 0 && units <= Q4F_MAX_UNITS => Some(Repack::Q4F(units)),
+        GgmlType::Q4_0 if blocks && units > 0 && units <= Q4F_MAX_UNITS => {
+            Some(Repack::Q4FTo(units))
+        }
         GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
-        GgmlType::Q4_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 0 }),
         GgmlType::Q8_0 if blocks => Some(Repack::Runs8To { qb: 32, hb: 0 }),
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
         GgmlType::Q4_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 2 }),
@@ -179,11 +193,13 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
 }
 
 /// Bytes a row of `cols` values of `ty` takes where its repacked layout
-/// writes rows out of place ([`Repack::Runs8To`], [`Repack::Q6KTo`],
-/// [`Repack::Q3K`], [`Repack::Q2K`]): [`repack`] allocates them from it.
+/// writes rows out of place ([`Repack::Runs8To`], [`Repack::Q4FTo`],
+/// [`Repack::Q6KTo`], [`Repack::Q3K`], [`Repack::Q2K`]): [`repack`]
+/// allocates them from it.
 pub(crate) fn padded_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
     match repack_layout(ty, cols)? {
         Repack::Runs8To { qb, hb } => Some(runs8_row_bytes(cols, qb, hb)),
+        Repack::Q4FTo(units) => Some((units * 18).next_multiple_of(16)),
         Repack::Q6KTo(nsb) => Some(q6k_padded_row_bytes(nsb)),
         Repack::Q3K(nsb) => Some(nsb * Q3KR_BYTES),
         Repack::Q2K(nsb) => Some(nsb.div_ceil(4) * Q2KR_RUN),
@@ -213,6 +229,7 @@ fn runs8_row_bytes(cols: usize, qb: usize, hb: usize) -> usize {
 pub(crate) struct Repackers {
     runs8: cudarc::driver::sys::CUfunction,
     runs8_to: cudarc::driver::sys::CUfunction,
+    q4f: cudarc::driver::sys::CUfunction,
     q6k: cudarc::driver::sys::CUfunction,
     q4k: cudarc::driver::sys::CUfunction,
     q5k: cudarc::driver::sys::CUfunction,
@@ -225,6 +242,7 @@ impl Repackers {
         Ok(Repackers {
             runs8: gpu.func("repack8")?,
             runs8_to: gpu.func("repack8_to")?,
+            q4f: gpu.func("repack_q4f")?,
             q6k: gpu.func("repack_q6k")?,
             q4k: gpu.func("repack_q4k")?,
             q5k: gpu.func("repack_q5k")?,
@@ -297,6 +315,8 @@ pub(crate) fn repack(
                 ],
             )?
         }
+        Repack::Q4F(units) => q4f_rows(gpu, f, ptr, ptr, rows, units, units * 18)?,
+        Repack::Q4FTo(units) => q4f_rows(gpu, f, ptr, dst, rows, units, row_bytes)?,
         Repack::Q6K(nsb) => q6k_rows(gpu, f, ptr, ptr, rows, nsb, nsb * 210)?,
         Repack::Q6KTo(nsb) => q6k_rows(gpu, f, ptr, dst, rows, nsb, row_bytes)?,
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
@@ -323,6 +343,32 @@ pub(crate) fn repack(
         kernel: REPACKED + ty.id() as usize,
         moved,
     }))
+}
+
+/// `repack_q4f`, a block a row: the file's Q4_0 rows of `units` blocks at
+/// `src` into rows of `dst_rb` bytes at `dst`.
+fn q4f_rows(
+    gpu: &Gpu,
+    f: &Repackers,
+    src: u64,
+    dst: u64,
+    rows: usize,
+    units: usize,
+    dst_rb: usize,
+) -> CuResult<()> {
+    gpu.launch(
+        f.q4f,
+        (rows.clamp(1, 65535) as u32, 1, 1),
+        256,
+        &[
+            Arg::P(src),
+            Arg::P(dst),
+            Arg::I(rows as i32),
+            Arg::I(units as i32),
+            Arg::P(units as u64 * 18),
+            Arg::P(dst_rb as u64),
+        ],
+    )
 }
 
 /// `repack_q6k`, a block a row: the file's rows of `nsb` super-blocks at
@@ -4750,6 +4796,14 @@ mod tests {
             .expect("Q6KR_MAX_SB in quant.cu");
         assert_eq!(*Q6KR_SB.end(), max_sb);
         assert!(max_sb * 210 <= 48 * 1024);
+        let max_units: usize = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define Q4F_MAX_UNITS "))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("Q4F_MAX_UNITS in quant.cu");
+        assert_eq!(Q4F_MAX_UNITS, max_units);
+        assert!(max_units * 18 <= 48 * 1024);
         use GgmlType::*;
         assert_eq!(repack_layout(Q6K, 6 * 256), Some(Repack::Q6KTo(6)));
         assert_eq!(repack_layout(Q6K, 256), Some(Repack::Q6KTo(1)));
@@ -4760,12 +4814,19 @@ mod tests {
         assert_eq!(repack_layout(Q6K, 4096), Some(Repack::Q6K(16)));
         assert_eq!(repack_layout(Q6K, max_sb * 256), Some(Repack::Q6K(max_sb)));
         assert_eq!(repack_layout(Q6K, (max_sb + 1) * 256), None);
-        assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Runs8(16)));
+        // Q4_0: flat, in place where a row's bytes are a multiple of 16.
+        assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Q4F(128)));
+        assert_eq!(repack_layout(Q4_0, 4096 + 32), Some(Repack::Q4FTo(129)));
+        assert_eq!(repack_layout(Q4_0, 1152), Some(Repack::Q4FTo(36)));
+        assert_eq!(padded_row_bytes(Q4_0, 1152), Some(656));
+        assert_eq!(padded_row_bytes(Q4_0, 896), Some(512));
+        assert_eq!(
+            repack_layout(Q4_0, max_units * 32),
+            Some(Repack::Q4FTo(max_units))
+        );
+        assert_eq!(repack_layout(Q4_0, (max_units + 1) * 32), None);
         assert_eq!(repack_layout(Q8_0, 2048), Some(Repack::Runs8(32)));
         // Rows of whole blocks but not whole runs, and Q5_0 always: out of place.
-        let q4 = Some(Repack::Runs8To { qb: 16, hb: 0 });
-        assert_eq!(repack_layout(Q4_0, 4096 + 32), q4);
-        assert_eq!(repack_layout(Q4_0, 1152), q4);
         assert_eq!(
             repack_layout(Q8_0, 896),
             Some(Repack::Runs8To { qb: 32, hb: 0 })
