@@ -29,7 +29,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
-#   bash bench/cuda/next_check.sh q4flat   # flat repacked Q4_0 (kiln.xz / cuda_check.xz) vs main's runs of 8 (_a): fixtures, bits, micro, tg256, batched
+#   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched
 #   bash bench/cuda/next_check.sh q4pat    # the Q4_0 access patterns (runs of 8 / flat / runs of 32) by warps an SM, in the micro (kiln.xz's cuda_check)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
@@ -71,7 +71,7 @@ pptg_of() { grep -E '^\|.*(pp|tg)' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '
 # bit: prefill, decode and exact decode of 24 tokens.
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
-  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin 2>/dev/null; /tmp/cc --logits $1 "$IDS" /tmp/b.bin 2>/dev/null
+  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
 }
 date -u +%T
@@ -455,27 +455,27 @@ peers)
     bash bench/cuda/peers.sh /tmp/kiln bench/cuda/hf_peer.py $S ${PEER_TYPES:-q8_0,q4_0,q4_k_m} /tmp/pe-$S 2>/dev/null | tee $OUT/peers-$S.md
     rm -rf /tmp/pe-$S; date -u +%T
   done ;;
-q4flat)
-  # NOTES.md item 103: repacked Q4_0 flat (a row's quants, then its scales) against main's runs
-  # of 8. Fixtures; logits bit for bit against main on four shapes (SmolLM2-135M's 576 and
-  # Gemma-3-1B's 1152 columns are padded rows), fuse_norm on and off; the micro's fused kernels
-  # on flat (_q4_0r) beside runs of 32 (_q4_0r32); tg256 and batched steps alternated.
+flat)
+  # NOTES.md item 103: a repacked layout change that keeps the arithmetic (Q4_0 flat: a row's
+  # quants, then its scales; Q8_0 flat was measured with it and lost) against main, on the types
+  # in $FL_TYPES (default q4_0). Fixtures; logits bit for bit against main on four shapes
+  # (SmolLM2-135M's 576 and Gemma-3-1B's 1152 columns are padded rows), fuse_norm on and off;
+  # tg256 and batched steps alternated.
+  FL=${FL_TYPES:-q4_0}
   timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
-  for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do /tmp/kiln synth $S /tmp/fl-$S --types q4_0 > /dev/null 2>&1; done; date -u +%T
-  for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do for v in 1 0; do
-    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/fl-$S/model-q4_0.gguf && echo "$S q4_0 fuse_norm=$v: branch = main, bit for bit"
-  done; done; date -u +%T
-  M=""; for s in 8b 1b; do for k in mvqsr4_q4_0r mvqsr4_q4_0r32 mvqsr8_q4_0r mvqsr8_q4_0r32; do M="$M $s/q4_0/$k/16p2/512"; done; done
-  timeout 100 /tmp/cc --gemv-micro $M 2>&1 | grep '^| [18]b'
-  for r in 1 2; do for S in Llama-3.1-8B Llama-3.2-1B; do for b in kiln_a kiln; do
-    echo "$S $b $(/tmp/$b bench /tmp/fl-$S/model-q4_0.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
+  for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do /tmp/kiln synth $S /tmp/fl-$S --types $(gguf_types $FL) > /dev/null 2>&1; done; date -u +%T
+  for t in $FL; do for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do for v in 1 0; do
+    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/fl-$S/model-$t.gguf && echo "$S $t fuse_norm=$v: branch = main, bit for bit"
+  done; done; done; date -u +%T
+  for r in 1 2; do for t in $FL; do for S in Llama-3.1-8B Llama-3.2-1B; do for b in kiln_a kiln; do
+    echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
+  done; done; done; done
+  for t in $FL; do for S in SmolLM2-135M Gemma-3-1B; do for b in kiln_a kiln; do
+    echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done
-  for S in SmolLM2-135M Gemma-3-1B; do for b in kiln_a kiln; do
-    echo "$S $b $(/tmp/$b bench /tmp/fl-$S/model-q4_0.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done
-  for r in 1 2; do for b in kiln_a kiln; do
-    echo "8B batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-q4_0.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
+  for t in $FL; do for b in kiln_a kiln; do
+    echo "8B $t batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
       | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
   done; done; date -u +%T ;;
 q4pat)
