@@ -30,7 +30,6 @@
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched
-#   bash bench/cuda/next_check.sh q4pat    # the Q4_0 access patterns (runs of 8 / flat / runs of 32) by warps an SM, in the micro (kiln.xz's cuda_check)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
@@ -46,7 +45,8 @@
 # The thirty-second session's branch checks (q23k, q3kr, q2kr, q3mmq, lb3; NOTES.md items 89-96)
 # and their helpers cpu_distance / variants_same are in git history at e45f3fb; the
 # thirty-third's q2mmq and kvab (items 98, 100, 101) at b1dbd3a, its q23review, onechunk and downrest
-# on branches onechunk-r and down-rest.
+# on branches onechunk-r and down-rest; the thirty-fourth's q4pat (item 103: the Q4_0 access
+# patterns and runs-of-32 kernels) at 3b4f541.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -478,16 +478,5 @@ flat)
     echo "8B $t batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
       | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
   done; done; date -u +%T ;;
-q4pat)
-  # NOTES.md "Next" (the repacked Q4_0 layout's sectors): the micro's 8B chain for the Q4_0
-  # access patterns, the repacked runs of 8 (rdq4_pat), flat (rdq4_flat) and runs of 32
-  # (rdq4_r32), at 32 / 48 / 64 warps an SM; then the fused residual kernel's loop on either
-  # layout (mvqsr4 / mvqsr8 _q4_0r against _q4_0r32, micro-only kernels on random bytes) and
-  # the plain-rows ceiling; twice.
-  M=""; for g in 16p2/512 16p3/512 16p4/512; do for k in rdq4_pat rdq4_flat rdq4_r32; do M="$M 8b/q4_0/$k/$g"; done; done
-  K="mvqsr4_q4_0r mvqsr4_q4_0r32 mvqsr8_q4_0r mvqsr8_q4_0r32"
-  for k in $K rd_rows; do M="$M 8b/q4_0/$k/16p2/512"; done
-  for k in $K; do M="$M 1b/q4_0/$k/16p2/512"; done
-  for r in 1 2; do timeout 200 /tmp/cc --gemv-micro $M 2>&1 | grep '^| [18]b'; done ;;
 esac
 date -u +%T
