@@ -315,10 +315,10 @@ pub(crate) fn repack(
                 ],
             )?
         }
-        Repack::Q4F(units) => q4f_rows(gpu, f, ptr, ptr, rows, units, units * 18)?,
-        Repack::Q4FTo(units) => q4f_rows(gpu, f, ptr, dst, rows, units, row_bytes)?,
-        Repack::Q6K(nsb) => q6k_rows(gpu, f, ptr, ptr, rows, nsb, nsb * 210)?,
-        Repack::Q6KTo(nsb) => q6k_rows(gpu, f, ptr, dst, rows, nsb, row_bytes)?,
+        Repack::Q4F(units) => repack_rows(gpu, f.q4f, (ptr, ptr), rows, (units, 18), units * 18)?,
+        Repack::Q4FTo(units) => repack_rows(gpu, f.q4f, (ptr, dst), rows, (units, 18), row_bytes)?,
+        Repack::Q6K(nsb) => repack_rows(gpu, f.q6k, (ptr, ptr), rows, (nsb, 210), nsb * 210)?,
+        Repack::Q6KTo(nsb) => repack_rows(gpu, f.q6k, (ptr, dst), rows, (nsb, 210), row_bytes)?,
         Repack::Q4K => gpu.launch(f.q4k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q5K => gpu.launch(f.q5k, per_unit, 256, &[Arg::P(ptr), Arg::P(units as u64)])?,
         Repack::Q3K(_) => gpu.launch(
@@ -345,53 +345,27 @@ pub(crate) fn repack(
     }))
 }
 
-/// `repack_q4f`, a block a row: the file's Q4_0 rows of `units` blocks at
+/// A block-a-row repacking kernel (`repack_q4f`, `repack_q6k`): the file's
+/// rows of `n` blocks (Q4_0) or super-blocks (Q6_K) of `bytes` bytes each at
 /// `src` into rows of `dst_rb` bytes at `dst`.
-fn q4f_rows(
+fn repack_rows(
     gpu: &Gpu,
-    f: &Repackers,
-    src: u64,
-    dst: u64,
+    func: cudarc::driver::sys::CUfunction,
+    (src, dst): (u64, u64),
     rows: usize,
-    units: usize,
+    (n, bytes): (usize, usize),
     dst_rb: usize,
 ) -> CuResult<()> {
     gpu.launch(
-        f.q4f,
+        func,
         (rows.clamp(1, 65535) as u32, 1, 1),
         256,
         &[
             Arg::P(src),
             Arg::P(dst),
             Arg::I(rows as i32),
-            Arg::I(units as i32),
-            Arg::P(units as u64 * 18),
-            Arg::P(dst_rb as u64),
-        ],
-    )
-}
-
-/// `repack_q6k`, a block a row: the file's rows of `nsb` super-blocks at
-/// `src` into rows of `dst_rb` bytes at `dst`.
-fn q6k_rows(
-    gpu: &Gpu,
-    f: &Repackers,
-    src: u64,
-    dst: u64,
-    rows: usize,
-    nsb: usize,
-    dst_rb: usize,
-) -> CuResult<()> {
-    gpu.launch(
-        f.q6k,
-        (rows.clamp(1, 65535) as u32, 1, 1),
-        256,
-        &[
-            Arg::P(src),
-            Arg::P(dst),
-            Arg::I(rows as i32),
-            Arg::I(nsb as i32),
-            Arg::P(nsb as u64 * 210),
+            Arg::I(n as i32),
+            Arg::P((n * bytes) as u64),
             Arg::P(dst_rb as u64),
         ],
     )
