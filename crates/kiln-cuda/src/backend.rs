@@ -4756,26 +4756,25 @@ mod tests {
         }
     }
 
+    /// A number `#define`d in quant.cu.
+    fn quant_cu_define(name: &str) -> usize {
+        include_str!("../kernels/quant.cu")
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in quant.cu"))
+    }
+
     /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
     /// shared-memory row buffer does, and starts at the 7 scales that may
-    /// move to a row's front.
+    /// move to a row's front; Q4_0's where `repack_q4f`'s does.
     #[test]
     fn repack_limits_match_the_kernels() {
-        let src = include_str!("../kernels/quant.cu");
-        let max_sb: usize = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define Q6KR_MAX_SB "))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .expect("Q6KR_MAX_SB in quant.cu");
+        let max_sb = quant_cu_define("Q6KR_MAX_SB");
         assert_eq!(*Q6KR_SB.end(), max_sb);
         assert!(max_sb * 210 <= 48 * 1024);
-        let max_units: usize = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define Q4F_MAX_UNITS "))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .expect("Q4F_MAX_UNITS in quant.cu");
+        let max_units = quant_cu_define("Q4F_MAX_UNITS");
         assert_eq!(Q4F_MAX_UNITS, max_units);
         assert!(max_units * 18 <= 48 * 1024);
         use GgmlType::*;
