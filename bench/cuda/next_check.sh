@@ -67,6 +67,8 @@ gguf_types() { echo "$@" | tr ' ' '\n' | grep -v '^hf$' | paste -sd, -; }
 # Table rows only (the footnote under the table mentions tg too).
 tg_of() { grep -E '^\|.*tg' | awk -F'|' '{print $(NF-1)}'; }
 pptg_of() { grep -E '^\|.*(pp|tg)' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' '; }
+# `kiln bench --batch` piped in: "batch: S_TG" for each batch size.
+stg_of() { grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}'; }
 # Whether main's and the branch's cuda_check (cc_a, cc) give model $1 the same logits, bit for
 # bit: prefill, decode and exact decode of 24 tokens.
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
@@ -253,7 +255,7 @@ batchab)
     for v in $EV; do
       e=${v#*:}; a=""; case $e in *:*) a=${e#*:}; e=${e%%:*} ;; esac
       echo "v8 $t $v $(env ${e//+/ } /tmp/${v%%:*} bench $m --device cuda --batch ${BATCHES:-2,4,8,16,32,64,128} -p 128 -n 128 ${a//+/ } 2>&1 \
-        | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
+        | stg_of)"
     done
   done; done; date -u +%T ;;
 invab)
@@ -269,7 +271,7 @@ invab)
     echo "== v8 $t invariant"; KILN_CUDA_INVARIANT=1 /tmp/cc --logits $m "$ids" /tmp/inv.bin 2>/dev/null | tail -3
     for v in ${MVQST:-0 4}; do
       echo "v8 $t invariant MVQST=$v $(KILN_CUDA_INVARIANT=1 KILN_CUDA_MVQST=$v /tmp/kiln bench $m --device cuda \
-        --batch ${BATCHES:-2,3,4,8} -p 128 -n 128 2>&1 | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
+        --batch ${BATCHES:-2,3,4,8} -p 128 -n 128 2>&1 | stg_of)"
     done
   done; date -u +%T ;;
 l2sweep)
@@ -476,7 +478,7 @@ flat)
   done; done; done
   for t in $FL; do for b in kiln_a kiln; do
     echo "8B $t batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
-      | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}')"
+      | stg_of)"
   done; done; date -u +%T ;;
 esac
 date -u +%T

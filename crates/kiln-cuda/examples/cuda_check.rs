@@ -1942,8 +1942,7 @@ fn gemv_micro(cases: &[String]) -> Result<(), String> {
     // The backend's one-token kernels per type next to the read ceiling
     // (`mvqs*` as the backend launches them: 16 rows of 512 threads).
     // rdq*: the repacked rows' access pattern without the arithmetic
-    // (`_flat`: the same bytes, a row's quants then its scales; `_r32`: in
-    // runs of 32 units).
+    // (`_flat`: the same bytes, a row's quants then its scales).
     const DEFAULT: [&str; 14] = [
         "8b/q4_0/mvq_q4_0/8/256",
         "8b/q4_0/mvqs4_q4_0r/16/512",

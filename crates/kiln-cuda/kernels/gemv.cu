@@ -644,8 +644,9 @@ __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int 
     rload<T>(row, u0 + 32 * k, cols, q, d);
 }
 // The lane's pointers are taken once (u0's), each unit's loads at a
-// constant offset from them: 4 k runs (Q4_0R) or super-blocks past u0.
-// (Q8_0R keeps rload: its mvq_q8_0r lost 4-6% this way, NOTES.md item 72.)
+// constant offset from them: 32 k units (Q4_0R), or 4 k runs or
+// super-blocks past u0. (Q8_0R keeps rload: its mvq_q8_0r lost 4-6% this
+// way, NOTES.md item 72.)
 // Repacked Q4_0 (flat): unit u + 32 k, 512 quant and 64 scale bytes past
 // unit u's (rload and rload_k; T_Q4_0RS too).
 __device__ __forceinline__ void q4f_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {

@@ -15,10 +15,10 @@
 // step's count rounded up; the grid's third dimension covers more). Each
 // run of 8 units (256 columns) is a stage: the block's rows' bytes of the
 // run (as stored; Q2_K's from two places of its run of four, Q4_0's quants
-// and scales from the two parts of its row), the tokens'
-// 8-bit x of those columns and their scales and sums, copied into shared
-// memory with cp.async, S - 1 runs ahead of the one being multiplied
-// (mmq_stages: 3, or 2 where three would keep a second block off the SM).
+// and scales from the two parts of its row), the tokens' 8-bit x of those
+// columns and their scales and sums, copied into shared memory with
+// cp.async, S - 1 runs ahead of the one being multiplied (mmq_stages: 3, or
+// 2 where three would keep a second block off the SM).
 // grid: (ceil(rows / (16 * MMQ_WARPS)), splits, ceil(n / NT)); dynamic
 // shared memory mmq_stages x mmq_stage_bytes (src/mmq.rs computes the
 // same). Repacked layouts only (whole runs a row: cols % 256 == 0).

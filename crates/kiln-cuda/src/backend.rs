@@ -171,10 +171,11 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
     let (whole, blocks) = (cols % 256 == 0, cols % 32 == 0);
     let units = cols / 32;
     match ty {
-        GgmlType::Q4_0 if whole && units > 0 && units <= Q4F_MAX_UNITS => Some(Repack::Q4F(units)),
-        GgmlType::Q4_0 if blocks && units > 0 && units <= Q4F_MAX_UNITS => {
-            Some(Repack::Q4FTo(units))
-        }
+        GgmlType::Q4_0 if blocks && (1..=Q4F_MAX_UNITS).contains(&units) => Some(if whole {
+            Repack::Q4F(units)
+        } else {
+            Repack::Q4FTo(units)
+        }),
         GgmlType::Q8_0 if whole => Some(Repack::Runs8(32)),
         GgmlType::Q8_0 if blocks => Some(Repack::Runs8To { qb: 32, hb: 0 }),
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
