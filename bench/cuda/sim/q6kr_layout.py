@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# CPU model of the repacked Q6_K layout (quant.cu: repack_q6k, unit<T_Q6_KR>;
+# CPU model of the repacked Q6_K layout (flat: every unit's low nibbles, then
+# every unit's high bit pairs, then every unit's two scales) (quant.cu: repack_q6k, unit<T_Q6_KR>;
 # gemv.cu: rdot<T_Q6_KR>) checked against ggml's Q6_K decoding for rows of
 # 7-65 super-blocks at every even alignment. No GPU needed:
 #   python3 bench/cuda/sim/q6kr_layout.py   -> "units 6848 mismatches 0"
@@ -24,6 +25,10 @@ def front(addr): return ((16 - (addr & 15)) & 15) >> 1
 def dp(addr, sb, nsb):
     f = front(addr)
     return 2*sb if sb < f else 2*f + nsb*208 + 2*(sb - f)
+# A unit's fields in the flat layout: low nibbles, high bit pairs, scales.
+def lo(addr, u, nsb): return 2*front(addr) + 16*u
+def hi(addr, u, nsb): return 2*front(addr) + 128*nsb + 8*u
+def sc(addr, u, nsb): return 2*front(addr) + 192*nsb + 2*u
 def repack(row, addr, nsb):
     inp = bytes(row); out = bytearray(len(row)); f = front(addr)
     for t in range(nsb*8):
@@ -31,27 +36,26 @@ def repack(row, addr, nsb):
         b = inp[sb*210:(sb+1)*210]
         ql = b[half*64 + (jj&1)*32:][:32]; qh = b[128 + half*32:][:32]
         q6 = [((ql[i] >> (4*(jj>>1))) & 15) | (((qh[i] >> (2*jj)) & 3) << 4) for i in range(32)]
-        rec = 2*f + sb*208
-        for i in range(16): out[rec + 16*j + i] = (q6[i] & 15) | ((q6[i+16] & 15) << 4)
+        for i in range(16): out[lo(addr, t, nsb) + i] = (q6[i] & 15) | ((q6[i+16] & 15) << 4)
         hb = [0]*8
         for v in range(32):
             k, bb = v >> 2, v & 3
             hb[4*(k>>2) + bb] |= (q6[v] >> 4) << (2*(k&3))
-        for i in range(8): out[rec + 128 + 8*j + i] = hb[i]
-        out[rec + 192 + 2*j] = b[192 + 2*j]; out[rec + 193 + 2*j] = b[193 + 2*j]
+        for i in range(8): out[hi(addr, t, nsb) + i] = hb[i]
+        out[sc(addr, t, nsb)] = b[192 + 2*j]; out[sc(addr, t, nsb) + 1] = b[193 + 2*j]
     for sb in range(nsb):
         o = dp(addr, sb, nsb); out[o:o+2] = inp[sb*210 + 208: sb*210 + 210]
     return out
 u32 = lambda bs, o: struct.unpack_from('<I', bs, o)[0]
 def unit_r(row, addr, u, nsb):
     # unit<T_Q6_KR>: (q - 32, scale) per value, and d bytes
-    sb, j = u >> 3, u & 7; rec = 2*front(addr) + sb*208
-    l = [u32(row, rec + 16*j + 4*k) for k in range(4)]
-    hi = [u32(row, rec + 128 + 8*j), u32(row, rec + 128 + 8*j + 4)]
+    sb = u >> 3
+    l = [u32(row, lo(addr, u, nsb) + 4*k) for k in range(4)]
+    hw2 = [u32(row, hi(addr, u, nsb)), u32(row, hi(addr, u, nsb) + 4)]
     vals = []
     for h in range(2):
-        s = struct.unpack('b', bytes([row[rec + 192 + 2*j + h]]))[0]
-        hw = hi[h]
+        s = struct.unpack('b', bytes([row[sc(addr, u, nsb) + h]]))[0]
+        hw = hw2[h]
         for i in range(16):
             q = ((l[i >> 2] >> (8*(i&3) + 4*h)) & 15) | (((hw >> (8*(i&3) + 2*(i>>2))) & 3) << 4)
             vals.append((q - 32, s))
@@ -62,16 +66,15 @@ def dp4a(a, b, c):
     return c + sum(sb8((a >> (8*i)) & 255) * sb8((b >> (8*i)) & 255) for i in range(4))
 def vsub4(a, b): return sum((((a >> (8*i)) - (b >> (8*i))) & 255) << (8*i) for i in range(4))
 def rdot_r(row, addr, u, nsb, xv):
-    sb, j = u >> 3, u & 7; rec = 2*front(addr) + sb*208
-    l = [u32(row, rec + 16*j + 4*k) for k in range(4)]
-    h0, h1 = u32(row, rec + 128 + 8*j), u32(row, rec + 128 + 8*j + 4)
-    sc = struct.unpack_from('<H', row, rec + 192 + 2*j)[0]
+    l = [u32(row, lo(addr, u, nsb) + 4*k) for k in range(4)]
+    h0, h1 = u32(row, hi(addr, u, nsb)), u32(row, hi(addr, u, nsb) + 4)
+    scw = struct.unpack_from('<H', row, sc(addr, u, nsb))[0]
     s0 = s1 = 0
     for k in range(4):
         a = (l[k] & 0x0f0f0f0f) | (((h0 >> (2*k)) & 0x03030303) << 4)
         b = ((l[k] >> 4) & 0x0f0f0f0f) | (((h1 >> (2*k)) & 0x03030303) << 4)
         s0 = dp4a(vsub4(a, 0x20202020), xv[k], s0); s1 = dp4a(vsub4(b, 0x20202020), xv[4+k], s1)
-    return sb8(sc & 255) * s0 + sb8(sc >> 8) * s1
+    return sb8(scw & 255) * s0 + sb8(scw >> 8) * s1
 random.seed(1); bad = 0; n = 0
 for nsb in [7, 8, 9, 18, 65]:
     for addr in range(0, 16, 2):

@@ -544,14 +544,21 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
     return v;
 }
 
+// Unit u + 32 k of a repacked Q6_K row: its fields 512 / 256 / 64 bytes
+// past unit u's, its super-block's d (4 k super-blocks on; rload and
+// rload_k).
+__device__ __forceinline__ void q6kr_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {
+    int nsb = cols >> 8;
+    const u8* base = q6kr_base(row);
+    q[0] = ld_stream16(q6kr_lo(base, u) + 512 * k);
+    uint2 h = ld_stream8(q6kr_hi(base, u, nsb) + 256 * k);
+    q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(base, u, nsb) + 64 * k), 0u);
+    *d = ld_u16(q6kr_dp(row, (u >> 3) + 4 * k, nsb));
+}
+
 template <>
 __device__ __forceinline__ void rload<T_Q6_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
-    int sb = u >> 3, j = u & 7;
-    const u8* rec = q6kr_rec(row, sb);
-    q[0] = ld_stream16(rec + 16 * j);
-    uint2 h = ld_stream8(rec + 128 + 8 * j);
-    q[1] = make_uint4(h.x, h.y, ld_u16(rec + 192 + 2 * j), 0u);
-    *d = ld_u16(q6kr_dp(row, sb, cols >> 8));
+    q6kr_load(row, u, 0, cols, q, d);
 }
 
 template <>
@@ -680,6 +687,10 @@ __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int
     q[0] = ld_stream16(pq + 4 * 144 * k);
     q[1] = ld_stream16(b + 4 * 144 * k);
     *d = (u16)(u0 & 7);
+}
+template <>
+__device__ __forceinline__ void rload_k<T_Q6_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
+    q6kr_load(row, u0, k, cols, q, d);
 }
 template <>
 __device__ __forceinline__ void rload_k<T_Q2_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {

@@ -231,9 +231,10 @@ struct MqHalves {
     }
 };
 
-// Repacked Q6_K (208-byte records: 8 units of 16 low-nibble bytes, 8 x 8
-// bytes of high bit pairs, 16 int8 scales; the super-blocks' f16 d
-// elsewhere in the row, copied as the 4-byte word holding it). A unit's
+// Repacked Q6_K (a stage: a super-block's 8 units' 16 low-nibble bytes, 8 x
+// 8 bytes of high bit pairs, 16 int8 scales, 208 bytes from the row's three
+// fields; its f16 d elsewhere in the row, copied as the 4-byte word holding
+// it). A unit's
 // halves (values 0-15 and 16-31) have their own scales, so each is one
 // k = 16 product: a0 / a1 hold half 0's values 4t..4t+3 of rows g / g + 8,
 // a2 / a3 half 1's. Values q - 32 (q < 64): (q + 96) ^ 128 bytewise.
@@ -241,7 +242,15 @@ struct MqHalves {
 template <>
 struct Mq<T_Q6_KR> : MqRuns<208> {
     static constexpr bool EXTRA = true;
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_rec(row, run); }
+    // A stage's chunks 0-7 (low nibbles), 8-11 (high bit pairs), 12 (scales)
+    // from the three fields of the row.
+    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_base(row); }
+    static __device__ __forceinline__ u64 run_off(int run, int ch) {
+        return (u64)run * (ch < 8 ? 128 : ch < 12 ? 64 : 16);
+    }
+    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) {
+        return ch < 8 ? 16 * ch : ch < 12 ? 128 * runs + 16 * (ch - 8) : 192 * runs;
+    }
     // The 4-byte word holding super-block `run`'s d, and the d from it.
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return (const u8*)((u64)q6kr_dp(row, run, runs) & ~(u64)3);

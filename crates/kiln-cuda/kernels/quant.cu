@@ -456,20 +456,28 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
 // load by `repack_q6k`: in place from 7, below that into rows padded to 16
 // bytes). A super-block is 208 bytes plus its f16 scale d, so only the d's
 // keep it off 16-byte boundaries; they move: the row's first
-// F = (16 - row % 16) % 16 / 2 d's at its start, then every super-block's
-// other 208 bytes as one record (16-byte aligned), then the remaining d's. A record holds its 8 units of 32 values as 8 x 16 bytes of
-// low nibbles (byte i: values i and i + 16, as repacked Q4_0), then 8 x 8
-// bytes of high bit pairs (value 4k + b: byte 4 * (k / 4) + b, bits
-// 2 * (k % 4), so a shift and a mask give the 4 values of activation word
-// k), then the 16 int8 sub-block scales as in the file. A unit's quants are
-// one 16-byte and one 8-byte load instead of 32 two-byte ones. Same bytes
-// per row (padded rows: their padding never read), same values. Kernel type
-// id: T_REPACKED + T_Q6_K.
+// F = (16 - row % 16) % 16 / 2 d's at its start, then the super-blocks'
+// other 208 bytes each (16-byte aligned), then the remaining d's. Those
+// bytes are flat, field by field over the row's units: every unit's 16
+// bytes of low nibbles (byte i: values i and i + 16, as repacked Q4_0),
+// then every unit's 8 bytes of high bit pairs (value 4k + b: byte
+// 4 * (k / 4) + b, bits 2 * (k % 4), so a shift and a mask give the 4
+// values of activation word k), then every unit's two int8 sub-block
+// scales as in the file; so a warp's loads of 32 units fall on whole
+// sectors (as repacked Q4_0's, NOTES.md item 103). A unit's quants are one
+// 16-byte and one 8-byte load instead of 32 two-byte ones. Same bytes per
+// row (padded rows: their padding never read), same values. Kernel type id:
+// T_REPACKED + T_Q6_K.
 #define T_Q6_KR (T_REPACKED + T_Q6_K)
 #define Q6KR_MAX_SB 234  // a row in 48 KiB of shared memory (repack_q6k)
 
 __device__ __forceinline__ int q6kr_front(const u8* row) { return (int)((16 - ((u64)row & 15)) & 15) >> 1; }
-__device__ __forceinline__ const u8* q6kr_rec(const u8* row, int sb) { return row + 2 * q6kr_front(row) + sb * 208; }
+// Where a row's units' fields start (past its front d's), and unit u's low
+// nibbles, high bit pairs and sub-block scales in a row of nsb super-blocks.
+__device__ __forceinline__ const u8* q6kr_base(const u8* row) { return row + 2 * q6kr_front(row); }
+__device__ __forceinline__ const u8* q6kr_lo(const u8* base, int u) { return base + 16 * u; }
+__device__ __forceinline__ const u8* q6kr_hi(const u8* base, int u, int nsb) { return base + 128 * nsb + 8 * u; }
+__device__ __forceinline__ const u8* q6kr_sc(const u8* base, int u, int nsb) { return base + 192 * nsb + 2 * u; }
 // Where super-block sb's d sits in a row of nsb.
 __device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
     int f = q6kr_front(row);
@@ -478,16 +486,17 @@ __device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
 
 template <>
 __device__ __forceinline__ void unit<T_Q6_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
-    int sb = u >> 3, j = u & 7;
-    const u8* rec = q6kr_rec(row, sb);
-    float d = ld_h(q6kr_dp(row, sb, cols >> 8));
-    uint4 lo = *(const uint4*)(rec + 16 * j);
-    uint2 hi = *(const uint2*)(rec + 128 + 8 * j);
+    int nsb = cols >> 8;
+    const u8* base = q6kr_base(row);
+    const u8* sc = q6kr_sc(base, u, nsb);
+    float d = ld_h(q6kr_dp(row, u >> 3, nsb));
+    uint4 lo = *(const uint4*)q6kr_lo(base, u);
+    uint2 hi = *(const uint2*)q6kr_hi(base, u, nsb);
     u32 l[4] = {lo.x, lo.y, lo.z, lo.w};
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         // As unit<T_Q6_K>: the same products in the same order.
-        float dl = d * (float)(i8)rec[192 + 2 * j + h];
+        float dl = d * (float)(i8)sc[h];
         u32 hw = h ? hi.y : hi.x;
 #pragma unroll
         for (int i = 0; i < 16; i++) {

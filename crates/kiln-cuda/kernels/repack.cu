@@ -15,7 +15,7 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
         u8* row = dst + (u64)r * dst_rb;
         for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = from[i];
         __syncthreads();
-        int f = q6kr_front(row);
+        u8* base = row + 2 * q6kr_front(row);
         for (int t = threadIdx.x; t < nsb * 8; t += blockDim.x) {
             int sb = t >> 3, j = t & 7, half = j >> 2, jj = j & 3;
             const u8* b = in + sb * 210;
@@ -23,16 +23,16 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
             const u8* qh = b + 128 + half * 32;
             u8 q6[32];
             for (int i = 0; i < 32; i++) q6[i] = ((ql[i] >> (4 * (jj >> 1))) & 15) | (((qh[i] >> (2 * jj)) & 3) << 4);
-            u8* rec = row + 2 * f + sb * 208;
-            for (int i = 0; i < 16; i++) rec[16 * j + i] = (q6[i] & 15) | ((q6[i + 16] & 15) << 4);
+            u8 *lo = base + 16 * t, *hi = base + 128 * nsb + 8 * t, *sc = base + 192 * nsb + 2 * t;
+            for (int i = 0; i < 16; i++) lo[i] = (q6[i] & 15) | ((q6[i + 16] & 15) << 4);
             u8 hb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int v = 0; v < 32; v++) {
                 int k = v >> 2, bb = v & 3;
                 hb[4 * (k >> 2) + bb] |= (u8)((q6[v] >> 4) << (2 * (k & 3)));
             }
-            for (int i = 0; i < 8; i++) rec[128 + 8 * j + i] = hb[i];
-            rec[192 + 2 * j] = b[192 + 2 * j];
-            rec[193 + 2 * j] = b[193 + 2 * j];
+            for (int i = 0; i < 8; i++) hi[i] = hb[i];
+            sc[0] = b[192 + 2 * j];
+            sc[1] = b[193 + 2 * j];
         }
         for (int sb = threadIdx.x; sb < nsb; sb += blockDim.x)
             *(u16*)q6kr_dp(row, sb, nsb) = s[sb * 105 + 104];
