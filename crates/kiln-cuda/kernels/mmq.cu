@@ -63,16 +63,21 @@ template <int T>
 struct Mq;
 
 // Rows of runs (or super-blocks) of RB_ bytes back to back, nothing taken
-// once a run beyond them. A stage's 16-byte chunk ch of a row is copied
-// from run_off(run, ch) + chunk_off(ch, runs) bytes after the row's
-// src(row, 0) (a row of `runs` runs).
+// once a run beyond them. A stage's row of RB bytes comes from FIELDS
+// places in the row: field f gives FCH(f) 16-byte chunks of it (the stage's
+// chunks in field order), run `run`'s from field_off(f, runs) +
+// field_run(f, run) bytes after the row's src(row, 0) (a row of `runs`
+// runs). One field here; a layout kept field by field over its row (flat
+// Q4_0, Q6_K) has more.
 template <int RB_>
 struct MqRuns {
     static constexpr int RB = RB_;
     static constexpr bool EXTRA = false;
+    static constexpr int FIELDS = 1;
+    static __host__ __device__ constexpr int FCH(int f) { return RB_ / 16; }
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
-    static __device__ __forceinline__ u64 run_off(int run, int ch) { return (u64)run * RB; }
-    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return 16 * ch; }
+    static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * RB; }
+    static __device__ __forceinline__ u32 field_off(int f, int runs) { return 0; }
     struct Stage {
         __device__ __forceinline__ Stage(const u8* sg, const u8* sg8, u32 eg, u32 eg8) {}
     };
@@ -97,8 +102,10 @@ __device__ __forceinline__ void nib_frags(u32 (&a)[4], u32 w0, u32 w1) {
 // w . x = d * (dx * s - 8 sx).
 template <>
 struct Mq<T_Q4_0R> : MqRuns<144> {
-    static __device__ __forceinline__ u64 run_off(int run, int ch) { return (u64)run * (ch < 8 ? 128 : 16); }
-    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return ch < 8 ? 16 * ch : 128 * runs; }
+    static constexpr int FIELDS = 2;
+    static __host__ __device__ constexpr int FCH(int f) { return f ? 1 : 8; }
+    static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * (f ? 16 : 128); }
+    static __device__ __forceinline__ u32 field_off(int f, int runs) { return f ? 128 * runs : 0; }
     struct Unit {
         u32 a[4];
         float dg, dg8;
@@ -245,12 +252,10 @@ struct Mq<T_Q6_KR> : MqRuns<208> {
     // A stage's chunks 0-7 (low nibbles), 8-11 (high bit pairs), 12 (scales)
     // from the three fields of the row.
     static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_base(row); }
-    static __device__ __forceinline__ u64 run_off(int run, int ch) {
-        return (u64)run * (ch < 8 ? 128 : ch < 12 ? 64 : 16);
-    }
-    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) {
-        return ch < 8 ? 16 * ch : ch < 12 ? 128 * runs + 16 * (ch - 8) : 192 * runs;
-    }
+    static constexpr int FIELDS = 3;
+    static __host__ __device__ constexpr int FCH(int f) { return f == 0 ? 8 : f == 1 ? 4 : 1; }
+    static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * (f == 0 ? 128 : f == 1 ? 64 : 16); }
+    static __device__ __forceinline__ u32 field_off(int f, int runs) { return f == 0 ? 0 : f == 1 ? 128 * runs : 192 * runs; }
     // The 4-byte word holding super-block `run`'s d, and the d from it.
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return (const u8*)((u64)q6kr_dp(row, run, runs) & ~(u64)3);
@@ -328,10 +333,12 @@ template <>
 struct Mq<T_Q2_KR> : MqRuns<80> {
     static constexpr bool EXTRA = true;
     // Chunks 0-3: the words; 4: the scale bytes.
-    static __device__ __forceinline__ u64 run_off(int run, int ch) {
-        return (u64)(run >> 2) * 336 + (run & 3) * (ch < 4 ? 64 : 16);
+    static constexpr int FIELDS = 2;
+    static __host__ __device__ constexpr int FCH(int f) { return f ? 1 : 4; }
+    static __device__ __forceinline__ u64 field_run(int f, int run) {
+        return (u64)(run >> 2) * 336 + (run & 3) * (f ? 16 : 64);
     }
-    static __device__ __forceinline__ u32 chunk_off(int ch, int runs) { return ch < 4 ? 16 * ch : 256; }
+    static __device__ __forceinline__ u32 field_off(int f, int runs) { return f ? 256 : 0; }
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return row + (u64)(run >> 2) * 336 + 320 + 4 * (run & 3);
     }
@@ -372,6 +379,34 @@ struct Mq<T_Q2_KR> : MqRuns<80> {
     };
 };
 
+// A stage row's first chunk from field f (Mq<T>::FCH), and a thread's
+// weight copies a stage for fields 0 .. f - 1 (the block's 32 MMQ_WARPS
+// threads taking MMQ_ROWS rows' chunks of each field).
+template <class M>
+__host__ __device__ constexpr int mq_chunk0(int f) {
+    int s = 0;
+    for (int i = 0; i < f; i++) s += M::FCH(i);
+    return s;
+}
+template <class M>
+__host__ __device__ constexpr int mq_copies(int f) {
+    int s = 0;
+    for (int i = 0; i < f; i++) s += (MMQ_ROWS * M::FCH(i) + 32 * MMQ_WARPS - 1) / (32 * MMQ_WARPS);
+    return s;
+}
+// fn(Field<f>{}) for each field f of M, f known at compile time.
+template <int F>
+struct Field {
+    static constexpr int f = F;
+};
+template <class M, class Fn>
+__device__ __forceinline__ void mq_fields(Fn&& fn) {
+    static_assert(M::FIELDS <= 3, "fields");
+    fn(Field<0>{});
+    if constexpr (M::FIELDS > 1) fn(Field<1>{});
+    if constexpr (M::FIELDS > 2) fn(Field<2>{});
+}
+
 // A stage: the block's rows' run bytes, the tokens' x and scales / sums,
 // then a word a row (Mq<T>::EXTRA).
 template <int T, int NT>
@@ -405,19 +440,23 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     auto row_ptr = [&](int r) { return W + (u64)min(r, rows - 1) * row_bytes; };
     // Stage copies. Each thread's sources are fixed but for the run, so
     // their offsets are taken once here (the per-copy address arithmetic
-    // was half of the 8-token kernels' instructions). Weights: the block's
-    // rows' chunks in order, chunk tid + NTH j (so a warp's copies are
-    // contiguous runs of rows). Rows past the end copy the last row (never
-    // written). A type's run r of a row starts RB r bytes after its run 0
-    // (M::src).
-    constexpr int CH = RB / 16, NTH = 32 * MMQ_WARPS, WJ = (MMQ_ROWS * CH + NTH - 1) / NTH;
+    // was half of the 8-token kernels' instructions). Weights, field by
+    // field (so a copy's stride over runs is the field's, known at compile
+    // time): the block's rows' chunks of field f in order, copy tid + NTH j
+    // of it (so a warp's copies are contiguous runs of rows). Rows past the
+    // end copy the last row (never written).
+    constexpr int NTH = 32 * MMQ_WARPS;
+    static_assert(16 * mq_chunk0<M>(M::FIELDS) == RB, "the fields make up the stage row");
     const u8* wb = W + (u64)rb0 * row_bytes;
-    u32 woff[WJ];
+    u32 woff[mq_copies<M>(M::FIELDS)];
+    mq_fields<M>([&](auto fld) {
+        constexpr int f = decltype(fld)::f, fc = M::FCH(f), j0 = mq_copies<M>(f);
 #pragma unroll
-    for (int j = 0; j < WJ; j++) {
-        int c = min(tid + NTH * j, MMQ_ROWS * CH - 1), row = c / CH;
-        woff[j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::chunk_off(c % CH, runs);
-    }
+        for (int j = 0; j < mq_copies<M>(f + 1) - j0; j++) {
+            int c = min(tid + NTH * j, MMQ_ROWS * fc - 1), row = c / fc;
+            woff[j0 + j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::field_off(f, runs) + 16 * (c % fc);
+        }
+    });
     // x: 16 threads a token, chunk tid % 16 of tokens tid / 16 + 8 m; scales
     // and sums: 4 threads a token (two 16-byte chunks of each).
     constexpr int XM = NT * 16 / NTH, DM = (NT * 4 + NTH - 1) / NTH;
@@ -425,10 +464,19 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     const i8* xsrc = xq + (u64)(t0 + tid / 16) * cols + 16 * (tid % 16);
     auto copy_w = [&](int i) {
         u8* st = mmq_smem + (i % S) * SB;
+        u32 sw = smem_u32(st);
+        mq_fields<M>([&](auto fld) {
+            constexpr int f = decltype(fld)::f, fc = M::FCH(f), j0 = mq_copies<M>(f);
+            const u8* fb = wb + M::field_run(f, rs + i);
 #pragma unroll
-        for (int j = 0; j < WJ; j++)
-            if (tid + NTH * j < MMQ_ROWS * CH)
-                cp_async16(smem_u32(st + 16 * (tid + NTH * j)), wb + M::run_off(rs + i, (tid + NTH * j) % CH) + woff[j]);
+            for (int j = 0; j < mq_copies<M>(f + 1) - j0; j++) {
+                int c = tid + NTH * j;
+                // Chunk c % fc of field f is the stage row's chunk
+                // FCH(0) + .. + FCH(f - 1) + c % fc; one field: chunk c.
+                int dst = M::FIELDS == 1 ? 16 * c : RB * (c / fc) + 16 * (mq_chunk0<M>(f) + c % fc);
+                if (NTH * (j + 1) <= MMQ_ROWS * fc || c < MMQ_ROWS * fc) cp_async16(sw + dst, fb + woff[j0 + j]);
+            }
+        });
         if constexpr (M::EXTRA) {
             for (int row = tid; row < MMQ_ROWS; row += NTH)
                 cp_async4(smem_u32(st + WB + XB + DB + 4 * row), M::dword(row_ptr(rb0 + row), rs + i, runs));
