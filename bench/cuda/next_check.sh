@@ -473,10 +473,15 @@ flat)
   for r in 1 2; do for t in $FL; do for S in Llama-3.1-8B Llama-3.2-1B; do for b in kiln_a kiln; do
     echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
   done; done; done; done
-  for t in $FL; do for S in SmolLM2-135M Gemma-3-1B; do for b in kiln_a kiln; do
+  for r in 1 2; do for t in $FL; do for S in SmolLM2-135M Gemma-3-1B; do for b in kiln_a kiln; do
     echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done
+  done; done; done; done
   for t in $FL; do for b in kiln_a kiln; do
+    echo "Gemma-3-1B $t fuse_norm=0 $b $(KILN_CUDA_FUSE_NORM=0 /tmp/$b bench /tmp/fl-Gemma-3-1B/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done
+  # $FL_BATCHED: more types for the batched steps only (their 8B model made here).
+  for t in ${FL_BATCHED:-}; do /tmp/kiln synth Llama-3.1-8B /tmp/fl-Llama-3.1-8B --types $t > /dev/null 2>&1; done
+  for t in $FL ${FL_BATCHED:-}; do for b in kiln_a kiln; do
     echo "8B $t batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
       | stg_of)"
   done; done; date -u +%T ;;
