@@ -1937,7 +1937,8 @@ fn sync_micro() -> Result<(), String> {
 /// GEMV kernels timed over a model shape's layer matrices (random bytes),
 /// chained in one graph as in decode; the whole chain and each matrix
 /// shape's own chain, in µs per token and GB/s. SHAPE: 8b (Llama-3.1-8B
-/// layers) or 1b (Llama-3.2-1B). A kernel taking f32 x is named `mvf_*`.
+/// layers), 1b (Llama-3.2-1B), or g1b-od / 8b-od (Gemma-3-1B's / Llama-3.1-8B's
+/// O and down only). A kernel taking f32 x is named `mvf_*`.
 fn gemv_micro(cases: &[String]) -> Result<(), String> {
     // The backend's one-token kernels per type next to the read ceiling
     // (`mvqs*` as the backend launches them: 16 rows of 512 threads).
@@ -1984,6 +1985,11 @@ fn gemv_micro(cases: &[String]) -> Result<(), String> {
                 vec![(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)],
                 16,
             ),
+            // The products of Gemma-3-1B (26 layers) whose rows are whole
+            // super-blocks, O and down (its Q6_K matrices; NOTES.md item 104),
+            // and Llama-3.1-8B's O and down beside them.
+            "g1b-od" => (vec![(1152, 1024), (1152, 6912)], 26),
+            "8b-od" => (vec![(4096, 4096), (4096, 14336)], 32),
             _ => return Err(format!("unknown shape '{shape}'")),
         };
         let gt = GgmlType::from_name(ty).ok_or_else(|| format!("unknown type '{ty}'"))?;
