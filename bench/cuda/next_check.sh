@@ -458,9 +458,9 @@ peers)
     rm -rf /tmp/pe-$S; date -u +%T
   done ;;
 flat)
-  # NOTES.md item 103: a repacked layout change that keeps the arithmetic (Q4_0 flat: a row's
-  # quants, then its scales; Q8_0 flat was measured with it and lost) against main, on the types
-  # in $FL_TYPES (default q4_0). Fixtures; logits bit for bit against main on four shapes
+  # NOTES.md items 103-104: a repacked layout change that keeps the arithmetic (Q4_0 and Q6_K
+  # flat; Q8_0 flat was measured and lost) against main, on the types in $FL_TYPES (default
+  # q4_0). Fixtures; logits bit for bit against main on four shapes
   # (SmolLM2-135M's 576 and Gemma-3-1B's 1152 columns are padded rows), fuse_norm on and off;
   # tg256 and batched steps alternated.
   FL=${FL_TYPES:-q4_0}

@@ -24,6 +24,7 @@
 // same). Repacked layouts only (whole runs a row: cols % 256 == 0).
 #define MMQ_WARPS 4
 #define MMQ_ROWS (16 * MMQ_WARPS)
+#define MMQ_THREADS (32 * MMQ_WARPS)
 #define MMQ_STAGES 3
 // Shared memory two blocks of an SM may take between them (of the H100's 228 KB).
 #define MMQ_SMEM_PAIR 116736
@@ -66,8 +67,8 @@ struct Mq;
 // once a run beyond them. A stage's row of RB bytes comes from FIELDS
 // places in the row: field f gives FCH(f) 16-byte chunks of it (the stage's
 // chunks in field order), run `run`'s from field_off(f, runs) +
-// field_run(f, run) bytes after the row's src(row, 0) (a row of `runs`
-// runs). One field here; a layout kept field by field over its row (flat
+// field_run(f, run) bytes after src(row), where the row's fields start (a
+// row of `runs` runs). One field here; a layout kept field by field over its row (flat
 // Q4_0, Q6_K) has more.
 template <int RB_>
 struct MqRuns {
@@ -75,7 +76,7 @@ struct MqRuns {
     static constexpr bool EXTRA = false;
     static constexpr int FIELDS = 1;
     static __host__ __device__ constexpr int FCH(int f) { return RB_ / 16; }
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return row + (u64)run * RB; }
+    static __device__ __forceinline__ const u8* src(const u8* row) { return row; }
     static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * RB; }
     static __device__ __forceinline__ u32 field_off(int f, int runs) { return 0; }
     struct Stage {
@@ -251,7 +252,7 @@ struct Mq<T_Q6_KR> : MqRuns<208> {
     static constexpr bool EXTRA = true;
     // A stage's chunks 0-7 (low nibbles), 8-11 (high bit pairs), 12 (scales)
     // from the three fields of the row.
-    static __device__ __forceinline__ const u8* src(const u8* row, int run, int runs) { return q6kr_base(row); }
+    static __device__ __forceinline__ const u8* src(const u8* row) { return q6kr_base(row); }
     static constexpr int FIELDS = 3;
     static __host__ __device__ constexpr int FCH(int f) { return f == 0 ? 8 : f == 1 ? 4 : 1; }
     static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * (f == 0 ? 128 : f == 1 ? 64 : 16); }
@@ -380,7 +381,7 @@ struct Mq<T_Q2_KR> : MqRuns<80> {
 };
 
 // A stage row's first chunk from field f (Mq<T>::FCH), and a thread's
-// weight copies a stage for fields 0 .. f - 1 (the block's 32 MMQ_WARPS
+// weight copies a stage for fields 0 .. f - 1 (the block's MMQ_THREADS
 // threads taking MMQ_ROWS rows' chunks of each field).
 template <class M>
 __host__ __device__ constexpr int mq_chunk0(int f) {
@@ -391,7 +392,7 @@ __host__ __device__ constexpr int mq_chunk0(int f) {
 template <class M>
 __host__ __device__ constexpr int mq_copies(int f) {
     int s = 0;
-    for (int i = 0; i < f; i++) s += (MMQ_ROWS * M::FCH(i) + 32 * MMQ_WARPS - 1) / (32 * MMQ_WARPS);
+    for (int i = 0; i < f; i++) s += (MMQ_ROWS * M::FCH(i) + MMQ_THREADS - 1) / MMQ_THREADS;
     return s;
 }
 // fn(Field<f>{}) for each field f of M, f known at compile time.
@@ -445,7 +446,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
     // time): the block's rows' chunks of field f in order, copy tid + NTH j
     // of it (so a warp's copies are contiguous runs of rows). Rows past the
     // end copy the last row (never written).
-    constexpr int NTH = 32 * MMQ_WARPS;
+    constexpr int NTH = MMQ_THREADS;
     static_assert(16 * mq_chunk0<M>(M::FIELDS) == RB, "the fields make up the stage row");
     const u8* wb = W + (u64)rb0 * row_bytes;
     u32 woff[mq_copies<M>(M::FIELDS)];
@@ -454,7 +455,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
 #pragma unroll
         for (int j = 0; j < mq_copies<M>(f + 1) - j0; j++) {
             int c = min(tid + NTH * j, MMQ_ROWS * fc - 1), row = c / fc;
-            woff[j0 + j] = (u32)(M::src(row_ptr(rb0 + row), 0, runs) - wb) + M::field_off(f, runs) + 16 * (c % fc);
+            woff[j0 + j] = (u32)(M::src(row_ptr(rb0 + row)) - wb) + M::field_off(f, runs) + 16 * (c % fc);
         }
     });
     // x: 16 threads a token, chunk tid % 16 of tokens tid / 16 + 8 m; scales
@@ -566,7 +567,7 @@ __device__ __forceinline__ void mmq_impl(const u8* __restrict__ W, u64 row_bytes
 }
 
 #define MMQ(TNAME, T, NT)                                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS)                                       \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                       \
         mmq_##TNAME##_##NT(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
                            const float* xs, int n, float* y, int ystride, const float* bias, float* part) { \
         mmq_impl<T, NT>(W, row_bytes, rows, cols, xq, xd, xs, n, y, ystride, bias, part);               \
