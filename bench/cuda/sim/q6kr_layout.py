@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-# CPU model of the repacked Q6_K layout (flat: every unit's low nibbles, then
-# every unit's high bit pairs, then every unit's two scales) (quant.cu: repack_q6k, unit<T_Q6_KR>;
-# gemv.cu: rdot<T_Q6_KR>) checked against ggml's Q6_K decoding for rows of
-# 7-65 super-blocks at every even alignment. No GPU needed:
-#   python3 bench/cuda/sim/q6kr_layout.py   -> "units 6848 mismatches 0"
+# CPU model of the repacked Q6_K layout (runs of 4 super-blocks, 832 bytes:
+# their 32 units' low nibbles, then high bit pairs, then two scales each; the
+# row's d's after its runs) (quant.cu: repack_q6k, unit<T_Q6_KR>; gemv.cu:
+# rdot<T_Q6_KR>) checked against ggml's Q6_K decoding for rows of 1-65
+# super-blocks, in place (whole runs of 8) or padded. No GPU needed:
+#   python3 bench/cuda/sim/q6kr_layout.py   -> "units 1400 mismatches 0"
 import random, struct
 def q6k_values(b):
     # ggml dequantize_row_q6_K, integer part: (q - 32) and scale index per value
@@ -21,16 +22,15 @@ def q6k_values(b):
             vals[l] = (q1, s(0)); vals[l+32] = (q2, s(2)); vals[l+64] = (q3, s(4)); vals[l+96] = (q4, s(6))
         out += vals
     return out, b[208:210]
-def front(addr): return ((16 - (addr & 15)) & 15) >> 1
-def dp(addr, sb, nsb):
-    f = front(addr)
-    return 2*sb if sb < f else 2*f + nsb*208 + 2*(sb - f)
-# A unit's fields in the flat layout: low nibbles, high bit pairs, scales.
-def lo(addr, u, nsb): return 2*front(addr) + 16*u
-def hi(addr, u, nsb): return 2*front(addr) + 128*nsb + 8*u
-def sc(addr, u, nsb): return 2*front(addr) + 192*nsb + 2*u
+RUN = 832
+def row_bytes(nsb): return -(-(840 * -(-nsb // 4)) // 16) * 16
+def dp(addr, sb, nsb): return RUN * ((nsb + 3) >> 2) + 2*sb
+# A unit's fields in its run: low nibbles, high bit pairs, scales.
+def lo(addr, u, nsb): return RUN*(u >> 5) + 16*(u & 31)
+def hi(addr, u, nsb): return RUN*(u >> 5) + 512 + 8*(u & 31)
+def sc(addr, u, nsb): return RUN*(u >> 5) + 768 + 2*(u & 31)
 def repack(row, addr, nsb):
-    inp = bytes(row); out = bytearray(len(row)); f = front(addr)
+    inp = bytes(row); out = bytearray(row_bytes(nsb))
     for t in range(nsb*8):
         sb, j = t >> 3, t & 7; half, jj = j >> 2, j & 3
         b = inp[sb*210:(sb+1)*210]
@@ -76,8 +76,9 @@ def rdot_r(row, addr, u, nsb, xv):
         s0 = dp4a(vsub4(a, 0x20202020), xv[k], s0); s1 = dp4a(vsub4(b, 0x20202020), xv[4+k], s1)
     return sb8(scw & 255) * s0 + sb8(scw >> 8) * s1
 random.seed(1); bad = 0; n = 0
-for nsb in [7, 8, 9, 18, 65]:
-    for addr in range(0, 16, 2):
+for nsb in [1, 3, 6, 8, 9, 27, 56, 65]:
+    for addr in [0]:
+        assert nsb % 8 or row_bytes(nsb) == 210 * nsb  # in place: the file's bytes
         row = bytearray(random.getrandbits(8) for _ in range(nsb*210))
         rp = repack(row, addr, nsb)
         for sb in range(nsb):

@@ -550,9 +550,9 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
 __device__ __forceinline__ void q6kr_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {
     int nsb = cols >> 8;
     const u8* base = q6kr_base(row);
-    q[0] = ld_stream16(q6kr_lo(base, u) + 512 * k);
-    uint2 h = ld_stream8(q6kr_hi(base, u, nsb) + 256 * k);
-    q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(base, u, nsb) + 64 * k), 0u);
+    q[0] = ld_stream16(q6kr_lo(base, u) + Q6KR_RUN * k);
+    uint2 h = ld_stream8(q6kr_hi(base, u, nsb) + Q6KR_RUN * k);
+    q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(base, u, nsb) + Q6KR_RUN * k), 0u);
     *d = ld_u16(q6kr_dp(row, (u >> 3) + 4 * k, nsb));
 }
 

@@ -255,8 +255,10 @@ struct Mq<T_Q6_KR> : MqRuns<208> {
     static __device__ __forceinline__ const u8* src(const u8* row) { return q6kr_base(row); }
     static constexpr int FIELDS = 3;
     static __host__ __device__ constexpr int FCH(int f) { return f == 0 ? 8 : f == 1 ? 4 : 1; }
-    static __device__ __forceinline__ u64 field_run(int f, int run) { return (u64)run * (f == 0 ? 128 : f == 1 ? 64 : 16); }
-    static __device__ __forceinline__ u32 field_off(int f, int runs) { return f == 0 ? 0 : f == 1 ? 128 * runs : 192 * runs; }
+    static __device__ __forceinline__ u64 field_run(int f, int run) {
+        return (u64)(run >> 2) * Q6KR_RUN + (run & 3) * (f == 0 ? 128 : f == 1 ? 64 : 16);
+    }
+    static __device__ __forceinline__ u32 field_off(int f, int runs) { return f == 0 ? 0 : f == 1 ? 512 : 768; }
     // The 4-byte word holding super-block `run`'s d, and the d from it.
     static __device__ __forceinline__ const u8* dword(const u8* row, int run, int runs) {
         return (const u8*)((u64)q6kr_dp(row, run, runs) & ~(u64)3);

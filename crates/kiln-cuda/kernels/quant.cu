@@ -453,35 +453,39 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
 }
 
 // ---- Repacked Q6_K (rows of up to Q6KR_MAX_SB super-blocks, rearranged at
-// load by `repack_q6k`: in place from 7, below that into rows padded to 16
-// bytes). A super-block is 208 bytes plus its f16 scale d, so only the d's
-// keep it off 16-byte boundaries; they move: the row's first
-// F = (16 - row % 16) % 16 / 2 d's at its start, then the super-blocks'
-// other 208 bytes each (16-byte aligned), then the remaining d's. Those
-// bytes are flat, field by field over the row's units: every unit's 16
-// bytes of low nibbles (byte i: values i and i + 16, as repacked Q4_0),
-// then every unit's 8 bytes of high bit pairs (value 4k + b: byte
-// 4 * (k / 4) + b, bits 2 * (k % 4), so a shift and a mask give the 4
-// values of activation word k), then every unit's two int8 sub-block
-// scales as in the file; so a warp's loads of 32 units fall on whole
-// sectors (as repacked Q4_0's, NOTES.md item 103). A unit's quants are one
-// 16-byte and one 8-byte load instead of 32 two-byte ones. Same bytes per
-// row (padded rows: their padding never read), same values. Kernel type id:
-// T_REPACKED + T_Q6_K.
+// load by `repack_q6k`: in place where a row is whole runs of 8 super-blocks,
+// otherwise into rows padded to 16 bytes). A row is runs of 4 super-blocks
+// (32 units), 832 bytes each, then its super-blocks' f16 scales d in order
+// (2 bytes each), the row padded to 16 bytes (a last run of fewer than 4
+// super-blocks keeps the run's addresses, its missing units never read).
+// Inside a run, field by field over its 32 units: their 16 bytes of low
+// nibbles (byte i: values i and i + 16, as repacked Q4_0), then their 8
+// bytes of high bit pairs (value 4k + b: byte 4 * (k / 4) + b, bits
+// 2 * (k % 4), so a shift and a mask give the 4 values of activation word
+// k), then their two int8 sub-block scales as in the file. So a warp's
+// loads of 32 units fall on whole sectors (as repacked Q4_0's, NOTES.md
+// item 103) and a row is read as one stream (flat fields over the whole
+// row were three, item 104). A unit's quants are one 16-byte and one
+// 8-byte load instead of 32 two-byte ones. Same values; a row of nsb
+// super-blocks takes 840 ceil(nsb / 4) bytes padded to 16 (the file's 210
+// nsb when nsb % 8 == 0). Kernel type id: T_REPACKED + T_Q6_K.
 #define T_Q6_KR (T_REPACKED + T_Q6_K)
 #define Q6KR_MAX_SB 234  // a row in 48 KiB of shared memory (repack_q6k)
+#define Q6KR_RUN 832     // bytes of a run of 4 super-blocks' units
 
-__device__ __forceinline__ int q6kr_front(const u8* row) { return (int)((16 - ((u64)row & 15)) & 15) >> 1; }
-// Where a row's units' fields start (past its front d's), and unit u's low
-// nibbles, high bit pairs and sub-block scales in a row of nsb super-blocks.
-__device__ __forceinline__ const u8* q6kr_base(const u8* row) { return row + 2 * q6kr_front(row); }
-__device__ __forceinline__ const u8* q6kr_lo(const u8* base, int u) { return base + 16 * u; }
-__device__ __forceinline__ const u8* q6kr_hi(const u8* base, int u, int nsb) { return base + 128 * nsb + 8 * u; }
-__device__ __forceinline__ const u8* q6kr_sc(const u8* base, int u, int nsb) { return base + 192 * nsb + 2 * u; }
+// Where a row's units start, and unit u's low nibbles, high bit pairs and
+// sub-block scales (unit u + 32 k's: Q6KR_RUN k bytes on).
+__device__ __forceinline__ const u8* q6kr_base(const u8* row) { return row; }
+__device__ __forceinline__ const u8* q6kr_lo(const u8* base, int u) { return base + Q6KR_RUN * (u >> 5) + 16 * (u & 31); }
+__device__ __forceinline__ const u8* q6kr_hi(const u8* base, int u, int nsb) {
+    return base + Q6KR_RUN * (u >> 5) + 512 + 8 * (u & 31);
+}
+__device__ __forceinline__ const u8* q6kr_sc(const u8* base, int u, int nsb) {
+    return base + Q6KR_RUN * (u >> 5) + 768 + 2 * (u & 31);
+}
 // Where super-block sb's d sits in a row of nsb.
 __device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
-    int f = q6kr_front(row);
-    return sb < f ? row + 2 * sb : row + 2 * f + nsb * 208 + 2 * (sb - f);
+    return row + Q6KR_RUN * ((nsb + 3) >> 2) + 2 * sb;
 }
 
 template <>

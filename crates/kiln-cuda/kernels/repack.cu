@@ -3,9 +3,9 @@
 
 // A block per row (grid-stride over rows): Q6_K rows of nsb super-blocks
 // (nsb <= Q6KR_MAX_SB) at src, rows of src_rb bytes, into repacked Q6_K
-// at dst, rows of dst_rb bytes (2-byte aligned). In place (src == dst, the
-// file's rows) a row needs nsb >= 7, the most d's its front can take; into
-// rows padded to 16 bytes every row's front is empty, so any nsb fits.
+// at dst, rows of dst_rb bytes (16-byte aligned). In place (src == dst, the
+// file's rows) when nsb % 8 == 0: then the layout takes the file's bytes
+// and rows start on 16 bytes; otherwise into rows padded to 16 bytes.
 extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb, u64 src_rb, u64 dst_rb) {
     PDL_ENTRY();
     __shared__ u16 s[Q6KR_MAX_SB * 105];
@@ -15,7 +15,7 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
         u8* row = dst + (u64)r * dst_rb;
         for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = from[i];
         __syncthreads();
-        u8* base = row + 2 * q6kr_front(row);
+        u8* base = (u8*)q6kr_base(row);
         for (int t = threadIdx.x; t < nsb * 8; t += blockDim.x) {
             int sb = t >> 3, j = t & 7, half = j >> 2, jj = j & 3;
             const u8* b = in + sb * 210;
@@ -23,7 +23,7 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
             const u8* qh = b + 128 + half * 32;
             u8 q6[32];
             for (int i = 0; i < 32; i++) q6[i] = ((ql[i] >> (4 * (jj >> 1))) & 15) | (((qh[i] >> (2 * jj)) & 3) << 4);
-            u8 *lo = base + 16 * t, *hi = base + 128 * nsb + 8 * t, *sc = base + 192 * nsb + 2 * t;
+            u8 *lo = (u8*)q6kr_lo(base, t), *hi = (u8*)q6kr_hi(base, t, nsb), *sc = (u8*)q6kr_sc(base, t, nsb);
             for (int i = 0; i < 16; i++) lo[i] = (q6[i] & 15) | ((q6[i + 16] & 15) << 4);
             u8 hb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int v = 0; v < 32; v++) {

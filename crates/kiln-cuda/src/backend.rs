@@ -139,10 +139,11 @@ pub(crate) enum Repack {
     Q4F(usize),
     /// `repack_q4f` into a new buffer of rows padded to 16 bytes.
     Q4FTo(usize),
-    /// `repack_q6k`: rows of this many super-blocks, in place.
+    /// `repack_q6k`: rows of this many super-blocks (whole runs of 8), in
+    /// place.
     Q6K(usize),
     /// `repack_q6k` into a new buffer of rows padded to 16 bytes: rows of
-    /// this many super-blocks, too few to repack in place.
+    /// this many super-blocks, not whole runs of 8.
     Q6KTo(usize),
     /// `repack_q4k` / `repack_q5k`: each super-block in its place.
     Q4K,
@@ -155,11 +156,10 @@ pub(crate) enum Repack {
     Q2K(usize),
 }
 
-/// Super-blocks a Q6_K row may have to be repacked in place: at least as
-/// many as d's move to the row's front (up to 7), at most what
-/// `repack_q6k` holds in shared memory (Q6KR_MAX_SB in quant.cu). Shorter
-/// rows are repacked into rows padded to 16 bytes, whose fronts are empty.
-const Q6KR_SB: std::ops::RangeInclusive<usize> = 7..=234;
+/// Most super-blocks a Q6_K row may have to be repacked: what `repack_q6k`
+/// holds in shared memory (Q6KR_MAX_SB in quant.cu). Rows of whole runs of 8
+/// are repacked in place, others into rows padded to 16 bytes.
+const Q6KR_MAX_SB: usize = 234;
 
 /// Blocks a Q4_0 row may have to be repacked: what `repack_q4f` holds in
 /// shared memory (Q4F_MAX_UNITS in quant.cu). Longer rows stay as they are.
@@ -181,9 +181,13 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q5_0 if blocks => Some(Repack::Runs8To { qb: 16, hb: 4 }),
         GgmlType::Q4_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 2 }),
         GgmlType::Q5_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 6 }),
-        GgmlType::Q6K if whole && Q6KR_SB.contains(&(cols / 256)) => Some(Repack::Q6K(cols / 256)),
-        GgmlType::Q6K if whole && cols > 0 && cols / 256 < *Q6KR_SB.start() => {
-            Some(Repack::Q6KTo(cols / 256))
+        GgmlType::Q6K if whole && (1..=Q6KR_MAX_SB).contains(&(cols / 256)) => {
+            let nsb = cols / 256;
+            Some(if nsb % 8 == 0 {
+                Repack::Q6K(nsb)
+            } else {
+                Repack::Q6KTo(nsb)
+            })
         }
         GgmlType::Q4K if whole => Some(Repack::Q4K),
         GgmlType::Q5K if whole => Some(Repack::Q5K),
@@ -216,7 +220,7 @@ const Q2KR_RUN: usize = 336;
 
 /// A Q6_K row of `nsb` super-blocks padded to 16 bytes.
 fn q6k_padded_row_bytes(nsb: usize) -> usize {
-    (nsb * 210).next_multiple_of(16)
+    (nsb.div_ceil(4) * 840).next_multiple_of(16)
 }
 
 /// A row of `cols` values as whole runs of 8 blocks of `qb` quant bytes, an
@@ -4767,26 +4771,35 @@ mod tests {
             .unwrap_or_else(|| panic!("{name} in quant.cu"))
     }
 
-    /// The host's range of repacked Q6_K rows ends where `repack_q6k`'s
-    /// shared-memory row buffer does, and starts at the 7 scales that may
-    /// move to a row's front; Q4_0's where `repack_q4f`'s does.
+    /// The host's limit on repacked Q6_K rows is where `repack_q6k`'s
+    /// shared-memory row buffer ends, Q4_0's where `repack_q4f`'s does.
     #[test]
     fn repack_limits_match_the_kernels() {
         let max_sb = quant_cu_define("Q6KR_MAX_SB");
-        assert_eq!(*Q6KR_SB.end(), max_sb);
+        assert_eq!(Q6KR_MAX_SB, max_sb);
         assert!(max_sb * 210 <= 48 * 1024);
         let max_units = quant_cu_define("Q4F_MAX_UNITS");
         assert_eq!(Q4F_MAX_UNITS, max_units);
         assert!(max_units * 18 <= 48 * 1024);
         use GgmlType::*;
+        // Q6_K: runs of 4 super-blocks (840 bytes with their d's), in place
+        // where a row is whole runs of 8 (the file's bytes, 16-byte rows).
+        assert_eq!(quant_cu_define("Q6KR_RUN") + 8, 840);
         assert_eq!(repack_layout(Q6K, 6 * 256), Some(Repack::Q6KTo(6)));
         assert_eq!(repack_layout(Q6K, 256), Some(Repack::Q6KTo(1)));
         assert_eq!(repack_layout(Q6K, 0), None);
-        assert_eq!(padded_row_bytes(Q6K, 6 * 256), Some(1264));
+        assert_eq!(padded_row_bytes(Q6K, 6 * 256), Some(1680));
+        assert_eq!(padded_row_bytes(Q6K, 256), Some(848));
+        assert_eq!(padded_row_bytes(Q6K, 27 * 256), Some(5888));
         assert_eq!(padded_row_bytes(Q6K, 8 * 256), None);
-        assert_eq!(repack_layout(Q6K, 7 * 256), Some(Repack::Q6K(7)));
+        assert_eq!(repack_layout(Q6K, 8 * 256), Some(Repack::Q6K(8)));
         assert_eq!(repack_layout(Q6K, 4096), Some(Repack::Q6K(16)));
-        assert_eq!(repack_layout(Q6K, max_sb * 256), Some(Repack::Q6K(max_sb)));
+        assert_eq!(repack_layout(Q6K, 14336), Some(Repack::Q6K(56)));
+        assert_eq!(repack_layout(Q6K, 7 * 256), Some(Repack::Q6KTo(7)));
+        assert_eq!(
+            repack_layout(Q6K, max_sb * 256),
+            Some(Repack::Q6KTo(max_sb))
+        );
         assert_eq!(repack_layout(Q6K, (max_sb + 1) * 256), None);
         // Q4_0: flat, in place where a row's bytes are a multiple of 16.
         assert_eq!(repack_layout(Q4_0, 4096), Some(Repack::Q4F(128)));
