@@ -1993,10 +1993,19 @@ fn gemv_micro(cases: &[String]) -> Result<(), String> {
             _ => return Err(format!("unknown shape '{shape}'")),
         };
         let gt = GgmlType::from_name(ty).ok_or_else(|| format!("unknown type '{ty}'"))?;
-        let key = format!("{shape}/{ty}");
+        // A repacked kernel's rows as the backend lays them out (padded
+        // rows where its layout writes out of place).
+        let repacked = kernel.ends_with('r') && !kernel.starts_with("rd");
+        let rb = |cols: usize| {
+            if repacked {
+                kiln_cuda::testing::repacked_row_bytes(gt, cols)
+            } else {
+                cols / gt.block_size() * gt.type_size()
+            }
+        };
+        let key = format!("{shape}/{ty}/{repacked}");
         if chain.as_ref().is_none_or(|c| c.0 != key) {
             drop(chain.take()); // free the previous matrices first
-            let rb = |cols: usize| cols / gt.block_size() * gt.type_size();
             let c = kiln_cuda::testing::GemvChain::new(&mut gpu, &shapes, layers, &rb)
                 .map_err(|e| e.to_string())?;
             chain = Some((key, c));

@@ -183,7 +183,9 @@ pub(crate) fn repack_layout(ty: GgmlType, cols: usize) -> Option<Repack> {
         GgmlType::Q5_1 if blocks => Some(Repack::Runs8To { qb: 16, hb: 6 }),
         GgmlType::Q6K if whole && (1..=Q6KR_MAX_SB).contains(&(cols / 256)) => {
             let nsb = cols / 256;
-            Some(if nsb % 8 == 0 {
+            #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
+            let whole_runs = nsb % 8 == 0;
+            Some(if whole_runs {
                 Repack::Q6K(nsb)
             } else {
                 Repack::Q6KTo(nsb)

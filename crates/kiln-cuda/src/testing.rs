@@ -372,6 +372,12 @@ pub fn repacks(ty: GgmlType, cols: usize) -> bool {
     crate::backend::repack_layout(ty, cols).is_some()
 }
 
+/// Bytes a row of `cols` values of `ty` takes once repacked: the padded rows
+/// of a layout written out of place, else the file's.
+pub fn repacked_row_bytes(ty: GgmlType, cols: usize) -> usize {
+    crate::backend::padded_row_bytes(ty, cols).unwrap_or(cols / ty.block_size() * ty.type_size())
+}
+
 /// A product's device buffers: weights, input, a NaN-filled output.
 struct Product {
     /// The weights (the GEMVs read them through `w_args`).
