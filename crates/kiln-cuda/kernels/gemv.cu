@@ -544,16 +544,14 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
     return v;
 }
 
-// Unit u + 32 k of a repacked Q6_K row: its fields 512 / 256 / 64 bytes
-// past unit u's, its super-block's d (4 k super-blocks on; rload and
+// Unit u + 32 k of a repacked Q6_K row: its fields k runs (Q6KR_RUN k
+// bytes) past unit u's, its super-block's d 4 k super-blocks on (rload and
 // rload_k).
 __device__ __forceinline__ void q6kr_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {
-    int nsb = cols >> 8;
-    const u8* base = q6kr_base(row);
-    q[0] = ld_stream16(q6kr_lo(base, u) + Q6KR_RUN * k);
-    uint2 h = ld_stream8(q6kr_hi(base, u, nsb) + Q6KR_RUN * k);
-    q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(base, u, nsb) + Q6KR_RUN * k), 0u);
-    *d = ld_u16(q6kr_dp(row, (u >> 3) + 4 * k, nsb));
+    q[0] = ld_stream16(q6kr_lo(row, u) + Q6KR_RUN * k);
+    uint2 h = ld_stream8(q6kr_hi(row, u) + Q6KR_RUN * k);
+    q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(row, u) + Q6KR_RUN * k), 0u);
+    *d = ld_u16(q6kr_dp(row, (u >> 3) + 4 * k, cols >> 8));
 }
 
 template <>

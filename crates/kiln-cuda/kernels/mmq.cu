@@ -251,8 +251,7 @@ template <>
 struct Mq<T_Q6_KR> : MqRuns<208> {
     static constexpr bool EXTRA = true;
     // A stage's chunks 0-7 (low nibbles), 8-11 (high bit pairs), 12 (scales)
-    // from the three fields of the row.
-    static __device__ __forceinline__ const u8* src(const u8* row) { return q6kr_base(row); }
+    // from the three fields of its run of four super-blocks.
     static constexpr int FIELDS = 3;
     static __host__ __device__ constexpr int FCH(int f) { return f == 0 ? 8 : f == 1 ? 4 : 1; }
     static __device__ __forceinline__ u64 field_run(int f, int run) {

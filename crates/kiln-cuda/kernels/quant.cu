@@ -473,16 +473,12 @@ __device__ __forceinline__ void unit<T_Q8_0R>(const u8* __restrict__ row, int u,
 #define Q6KR_MAX_SB 234  // a row in 48 KiB of shared memory (repack_q6k)
 #define Q6KR_RUN 832     // bytes of a run of 4 super-blocks' units
 
-// Where a row's units start, and unit u's low nibbles, high bit pairs and
-// sub-block scales (unit u + 32 k's: Q6KR_RUN k bytes on).
-__device__ __forceinline__ const u8* q6kr_base(const u8* row) { return row; }
-__device__ __forceinline__ const u8* q6kr_lo(const u8* base, int u) { return base + Q6KR_RUN * (u >> 5) + 16 * (u & 31); }
-__device__ __forceinline__ const u8* q6kr_hi(const u8* base, int u, int nsb) {
-    return base + Q6KR_RUN * (u >> 5) + 512 + 8 * (u & 31);
-}
-__device__ __forceinline__ const u8* q6kr_sc(const u8* base, int u, int nsb) {
-    return base + Q6KR_RUN * (u >> 5) + 768 + 2 * (u & 31);
-}
+// Unit u's run, and its low nibbles, high bit pairs and sub-block scales
+// in it (unit u + 32 k's: Q6KR_RUN k bytes on).
+__device__ __forceinline__ const u8* q6kr_run(const u8* row, int u) { return row + Q6KR_RUN * (u >> 5); }
+__device__ __forceinline__ const u8* q6kr_lo(const u8* row, int u) { return q6kr_run(row, u) + 16 * (u & 31); }
+__device__ __forceinline__ const u8* q6kr_hi(const u8* row, int u) { return q6kr_run(row, u) + 512 + 8 * (u & 31); }
+__device__ __forceinline__ const u8* q6kr_sc(const u8* row, int u) { return q6kr_run(row, u) + 768 + 2 * (u & 31); }
 // Where super-block sb's d sits in a row of nsb.
 __device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
     return row + Q6KR_RUN * ((nsb + 3) >> 2) + 2 * sb;
@@ -490,12 +486,10 @@ __device__ __forceinline__ const u8* q6kr_dp(const u8* row, int sb, int nsb) {
 
 template <>
 __device__ __forceinline__ void unit<T_Q6_KR>(const u8* __restrict__ row, int u, int cols, float* w) {
-    int nsb = cols >> 8;
-    const u8* base = q6kr_base(row);
-    const u8* sc = q6kr_sc(base, u, nsb);
-    float d = ld_h(q6kr_dp(row, u >> 3, nsb));
-    uint4 lo = *(const uint4*)q6kr_lo(base, u);
-    uint2 hi = *(const uint2*)q6kr_hi(base, u, nsb);
+    const u8* sc = q6kr_sc(row, u);
+    float d = ld_h(q6kr_dp(row, u >> 3, cols >> 8));
+    uint4 lo = *(const uint4*)q6kr_lo(row, u);
+    uint2 hi = *(const uint2*)q6kr_hi(row, u);
     u32 l[4] = {lo.x, lo.y, lo.z, lo.w};
 #pragma unroll
     for (int h = 0; h < 2; h++) {

@@ -15,7 +15,6 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
         u8* row = dst + (u64)r * dst_rb;
         for (int i = threadIdx.x; i < nsb * 105; i += blockDim.x) s[i] = from[i];
         __syncthreads();
-        u8* base = (u8*)q6kr_base(row);
         for (int t = threadIdx.x; t < nsb * 8; t += blockDim.x) {
             int sb = t >> 3, j = t & 7, half = j >> 2, jj = j & 3;
             const u8* b = in + sb * 210;
@@ -23,7 +22,7 @@ extern "C" __global__ void repack_q6k(const u8* src, u8* dst, int rows, int nsb,
             const u8* qh = b + 128 + half * 32;
             u8 q6[32];
             for (int i = 0; i < 32; i++) q6[i] = ((ql[i] >> (4 * (jj >> 1))) & 15) | (((qh[i] >> (2 * jj)) & 3) << 4);
-            u8 *lo = (u8*)q6kr_lo(base, t), *hi = (u8*)q6kr_hi(base, t, nsb), *sc = (u8*)q6kr_sc(base, t, nsb);
+            u8 *lo = (u8*)q6kr_lo(row, t), *hi = (u8*)q6kr_hi(row, t), *sc = (u8*)q6kr_sc(row, t);
             for (int i = 0; i < 16; i++) lo[i] = (q6[i] & 15) | ((q6[i + 16] & 15) << 4);
             u8 hb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int v = 0; v < 32; v++) {
