@@ -29,7 +29,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
-#   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched
+#   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
@@ -73,6 +73,7 @@ stg_of() { grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}'; }
 # bit: prefill, decode and exact decode of 24 tokens.
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
+  rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
 }
@@ -458,30 +459,37 @@ peers)
     rm -rf /tmp/pe-$S; date -u +%T
   done ;;
 flat)
-  # NOTES.md items 103-104: a repacked layout change that keeps the arithmetic (Q4_0 and Q6_K
-  # flat; Q8_0 flat was measured and lost) against main, on the types in $FL_TYPES (default
-  # q4_0). Fixtures; logits bit for bit against main on four shapes
-  # (SmolLM2-135M's 576 and Gemma-3-1B's 1152 columns are padded rows), fuse_norm on and off;
-  # tg256 and batched steps alternated.
-  FL=${FL_TYPES:-q4_0}
-  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
-  for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do /tmp/kiln synth $S /tmp/fl-$S --types $(gguf_types $FL) > /dev/null 2>&1; done; date -u +%T
-  for t in $FL; do for S in Llama-3.2-1B Llama-3.1-8B SmolLM2-135M Gemma-3-1B; do for v in 1 0; do
+  # NOTES.md items 103-106: a repacked layout change that keeps the arithmetic (Q4_0 and Q6_K
+  # flat, Q6_K runs of 4; Q8_0 flat was measured and lost) against main, on the types in
+  # $FL_TYPES (default q4_0). Fixtures; logits bit for bit against main on four shapes and
+  # $FL_SMALL's (SmolLM2-135M's 576 and Gemma-3-1B's 1152 columns are padded rows), fuse_norm
+  # on and off; tg256 and batched steps alternated over the binaries $FL_BINS (default kiln_a
+  # kiln: main, branch; the 8B and 1B steps over $FL_BIG_BINS, default the same); FL_FIX=0 skips
+  # the fixtures.
+  FL=${FL_TYPES:-q4_0}; BINS=${FL_BINS:-kiln_a kiln}
+  SMALL=${FL_SMALL:-SmolLM2-135M Gemma-3-1B}
+  # FL_FIX=0: no fixtures (a change whose logits are compared with main's, bit for bit).
+  if [ "${FL_FIX:-1}" = 1 ]; then
+    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  fi
+  SHAPES=$(echo Llama-3.2-1B Llama-3.1-8B $SMALL | tr ' ' '\n' | awk '!s[$0]++')
+  for S in $SHAPES; do /tmp/kiln synth $S /tmp/fl-$S --types $(gguf_types $FL) > /dev/null 2>&1; done; date -u +%T
+  for t in $FL; do for S in $SHAPES; do for v in 1 0; do
     KILN_CUDA_FUSE_NORM=$v same_logits /tmp/fl-$S/model-$t.gguf && echo "$S $t fuse_norm=$v: branch = main, bit for bit"
   done; done; done; date -u +%T
-  for r in 1 2; do for t in $FL; do for S in Llama-3.1-8B Llama-3.2-1B; do for b in kiln_a kiln; do
+  for r in 1 2; do for t in $FL; do for S in Llama-3.1-8B Llama-3.2-1B; do for b in ${FL_BIG_BINS:-$BINS}; do
     echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
   done; done; done; done
-  for r in 1 2; do for t in $FL; do for S in SmolLM2-135M Gemma-3-1B; do for b in kiln_a kiln; do
+  for r in 1 2; do for t in $FL; do for S in $SMALL; do for b in $BINS; do
     echo "$S $t $b $(/tmp/$b bench /tmp/fl-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; done
-  for t in $FL; do for b in kiln_a kiln; do
+  for t in $FL; do for b in $BINS; do
     echo "Gemma-3-1B $t fuse_norm=0 $b $(KILN_CUDA_FUSE_NORM=0 /tmp/$b bench /tmp/fl-Gemma-3-1B/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done
   # $FL_BATCHED: more types for the batched steps only (their 8B model made here).
   for t in ${FL_BATCHED:-}; do /tmp/kiln synth Llama-3.1-8B /tmp/fl-Llama-3.1-8B --types $t > /dev/null 2>&1; done
-  for t in $FL ${FL_BATCHED:-}; do for b in kiln_a kiln; do
+  for t in $FL ${FL_BATCHED:-}; do for b in ${FL_BIG_BINS:-$BINS}; do
     echo "8B $t batched $b $(/tmp/$b bench /tmp/fl-Llama-3.1-8B/model-$t.gguf --device cuda --batch 8,64 -p 128 -n 128 2>&1 \
       | stg_of)"
   done; done; date -u +%T ;;
