@@ -23,6 +23,7 @@
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh batchab  # the same in batched decode: S_TG at --batch $BATCHES, 8B $EV_TYPES
+#   bash bench/cuda/next_check.sh tgprof   # ncu: a one-token decode step kernel by kernel, $PROF_BINS on $PROF_SHAPE $EV_TYPES
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
@@ -76,6 +77,26 @@ same_logits() {
   rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
+}
+# ncu's /tmp/ncu.csv summed by kernel and grid: launches, mean µs, share, DRAM read rate.
+ncu_table() {
+  python3 - <<'PY'
+import csv, collections
+hdr, agg = None, collections.defaultdict(lambda: [0, 0.0, 0.0])
+for r in csv.reader(open('/tmp/ncu.csv')):
+    if 'Kernel Name' in r: hdr = r; continue
+    if not hdr or len(r) != len(hdr): continue
+    d = dict(zip(hdr, r))
+    try: v = float(d['Metric Value'].replace(',', ''))
+    except ValueError: continue
+    a = agg[(d['Kernel Name'].split('(')[0], d.get('Grid Size', ''))]
+    if d['Metric Name'].startswith('gpu__time'): a[0] += 1; a[1] += v
+    else: a[2] += v
+tot = sum(a[1] for a in agg.values())
+for (name, grid), (c, ns, b) in sorted(agg.items(), key=lambda x: -x[1][1])[:24]:
+    print(f"{name:30s} {grid:14s} x{c:4d} {ns / 1e3 / max(c, 1):8.2f} us {100 * ns / max(tot, 1):5.1f}% {b / max(ns, 1):7.1f} GB/s")
+print(f"total {tot / 1e3:.1f} us over {sum(a[0] for a in agg.values())} launches")
+PY
 }
 date -u +%T
 case $MODE in
@@ -179,6 +200,21 @@ attprof)
       /tmp/kiln bench /tmp/ap/model-q4_0.gguf --device cuda -p 16 -n 1100 -r 1 2>/dev/null \
       | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
   done; done ;;
+tgprof)
+  # One-token decode kernel by kernel: ncu durations (isolated launches, graphs off) and DRAM
+  # read rates of launches 2,000-2,800 (decode steps past the prefill) of $PROF_SHAPE (default
+  # Llama-3.1-8B) $EV_TYPES (default q6_k), for each binary in $PROF_BINS (default kiln_a kiln).
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  S=${PROF_SHAPE:-Llama-3.1-8B}
+  /tmp/kiln synth $S /tmp/tp --types $(gguf_types ${EV_TYPES:-q6_k}) > /dev/null 2>&1; date -u +%T
+  for t in ${EV_TYPES:-q6_k}; do for b in ${PROF_BINS:-kiln_a kiln}; do
+    echo "== $S $t $b"
+    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --launch-skip 2000 --launch-count 800 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+      /tmp/$b bench $(model_of /tmp/tp $t) --device cuda -p 16 -n 100 -r 1 2>/dev/null > /tmp/ncu.csv
+    ncu_table
+  done; done ;;
 stepprof)
   # A batched decode step kernel by kernel (NOTES.md item 75): ncu durations (isolated launches,
   # graphs off) and DRAM read rates of launches 3,000-3,800 (decode steps, past the prefill) of
@@ -192,23 +228,7 @@ stepprof)
     KILN_CUDA_GRAPHS=0 timeout 250 $NCU --clock-control none --launch-skip 3000 --launch-count 800 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
       /tmp/kiln bench $(model_of /tmp/v8 $t) --device cuda --batch $B -p 128 -n 40 2>/dev/null > /tmp/ncu.csv
-    python3 - <<'PY'
-import csv, collections
-hdr, agg = None, collections.defaultdict(lambda: [0, 0.0, 0.0])
-for r in csv.reader(open('/tmp/ncu.csv')):
-    if 'Kernel Name' in r: hdr = r; continue
-    if not hdr or len(r) != len(hdr): continue
-    d = dict(zip(hdr, r))
-    try: v = float(d['Metric Value'].replace(',', ''))
-    except ValueError: continue
-    a = agg[(d['Kernel Name'].split('(')[0], d.get('Grid Size', ''))]
-    if d['Metric Name'].startswith('gpu__time'): a[0] += 1; a[1] += v
-    else: a[2] += v
-tot = sum(a[1] for a in agg.values())
-for (name, grid), (c, ns, b) in sorted(agg.items(), key=lambda x: -x[1][1])[:24]:
-    print(f"{name:30s} {grid:14s} x{c:4d} {ns / 1e3 / max(c, 1):8.2f} us {100 * ns / max(tot, 1):5.1f}% {b / max(ns, 1):7.1f} GB/s")
-print(f"total {tot / 1e3:.1f} us over {sum(a[0] for a in agg.values())} launches")
-PY
+    ncu_table
   done; done ;;
 l2win)
   # NOTES.md item 44 (branch l2-window): the decode attention (attention_fl* / cfl4) and act_mul
