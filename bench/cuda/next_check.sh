@@ -23,6 +23,7 @@
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh batchab  # the same in batched decode: S_TG at --batch $BATCHES, 8B $EV_TYPES
+#   bash bench/cuda/next_check.sh glu2     # mvqsg4_q6_kr at two blocks an SM vs one (kiln.xz vs kiln_a.xz): 8B Q6_K bits, tg256, ncu
 #   bash bench/cuda/next_check.sh tgprof   # ncu: a one-token decode step kernel by kernel, $PROF_BINS on $PROF_SHAPE $EV_TYPES
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
@@ -200,6 +201,26 @@ attprof)
       /tmp/kiln bench /tmp/ap/model-q4_0.gguf --device cuda -p 16 -n 1100 -r 1 2>/dev/null \
       | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
   done; done ;;
+glu2)
+  # NOTES.md item 107: the GLU gate|up kernel of Q6_K at four units a lane (mvqsg4_q6_kr) at two
+  # blocks an SM (64 registers; a unit's preloaded words spilled across the norm) against one
+  # (112 of 132 SMs on the 8B's 448 ranges): 8B Q6_K logits bit for bit, tg256 alternated, then
+  # the kernel's ncu durations (isolated launches) on both.
+  /tmp/kiln synth Llama-3.1-8B /tmp/g8 --types q6_k > /dev/null 2>&1; date -u +%T
+  for v in 1 0; do
+    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/g8/model-q6_k.gguf && echo "8B q6_k fuse_norm=$v: branch = main, bit for bit"
+  done
+  for r in 1 2 3; do for b in kiln_a kiln; do
+    echo "8B q6_k $b $(/tmp/$b bench /tmp/g8/model-q6_k.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
+  done; done; date -u +%T
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  for b in kiln_a kiln; do
+    echo "$b mvqsg4_q6_kr: $(KILN_CUDA_GRAPHS=0 $NCU --clock-control none --kernel-name regex:'^mvqsg4_q6_kr$' \
+      --launch-skip 64 --launch-count 32 --metrics gpu__time_duration.sum --csv \
+      /tmp/$b bench /tmp/g8/model-q6_k.gguf --device cuda -p 16 -n 8 -r 1 2>/dev/null \
+      | grep '"mvqsg4_q6_kr' | awk -F'","' '{print $NF}' | tr -d '"' | sort -n | awk '{a[NR]=$1} END{print "median", a[int(NR/2)+1], "ns of", NR}')"
+  done ;;
 tgprof)
   # One-token decode kernel by kernel: ncu durations (isolated launches, graphs off) and DRAM
   # read rates of launches 2,000-2,800 (decode steps past the prefill) of $PROF_SHAPE (default
