@@ -452,16 +452,22 @@ timeline)
   # Stamps of single decode steps (NOTES.md item 65; the cache needs the timeline cubin too:
   # KILN_CUDA_TIMELINE=1 cuda_check --precompile sm_90; bench/cuda/timeline.py lays them out):
   # $TL_MODELS at decode steps $TL_STEPS of `bench -p 16 -n 256 -r 1` (counted from the first
-  # replay, warm-up included: about s positions behind it), files to $OUT; then the same models'
-  # tg256 with the plain build beside it, for the stamps' overhead.
-  /tmp/kiln synth Llama-3.2-1B /tmp/t1 --types q4_0 > /dev/null 2>&1; date -u +%T
+  # replay, warm-up included: about s positions behind it) for each binary in $TL_BINS (default
+  # kiln), files to $OUT (tl_BIN_MODEL_STEP.tsv); then the same models' tg256 with the plain
+  # build beside it, for the stamps' overhead. $TL_SYNTH: the synth folders to make first
+  # (SHAPE:DIR:TYPES, default Llama-3.2-1B:t1:q4_0).
+  for sy in ${TL_SYNTH:-Llama-3.2-1B:t1:q4_0}; do
+    IFS=: read -r S D T <<< "$sy"; /tmp/kiln synth $S /tmp/$D --types $T > /dev/null 2>&1
+  done; date -u +%T
   for m in ${TL_MODELS:-t1/model-q4_0.gguf t1/hf}; do
     tag=$(echo $m | tr '/.' '__')
-    for st in ${TL_STEPS:-40 200}; do
-      KILN_CUDA_TIMELINE=$st KILN_CUDA_TIMELINE_OUT=$OUT/tl_${tag}_$st.tsv \
-        /tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$m step $st: tg |"
+    for b in ${TL_BINS:-kiln}; do
+      for st in ${TL_STEPS:-40 200}; do
+        KILN_CUDA_TIMELINE=$st KILN_CUDA_TIMELINE_OUT=$OUT/tl_${b}_${tag}_$st.tsv \
+          /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$b $m step $st: tg |"
+      done
+      echo "$b $m plain $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
     done
-    echo "$m plain $(/tmp/kiln bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
