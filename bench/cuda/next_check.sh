@@ -23,7 +23,6 @@
 #   bash bench/cuda/next_check.sh price    # each kernel family's in-place price (KILN_CUDA_TWICE), 1B / 8B bf16 and Q4_0 (kiln.xz)
 #   bash bench/cuda/next_check.sh envab    # env / binary variants $EV on 1B / 8B $EV_TYPES, tg256 p16, alternated
 #   bash bench/cuda/next_check.sh batchab  # the same in batched decode: S_TG at --batch $BATCHES, 8B $EV_TYPES
-#   bash bench/cuda/next_check.sh glu2     # mvqsg4_q6_kr at two blocks an SM vs one (kiln.xz vs kiln_a.xz): 8B Q6_K bits, tg256, ncu
 #   bash bench/cuda/next_check.sh tgprof   # ncu: a one-token decode step kernel by kernel, $PROF_BINS on $PROF_SHAPE $EV_TYPES
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
@@ -48,7 +47,7 @@
 # and their helpers cpu_distance / variants_same are in git history at e45f3fb; the
 # thirty-third's q2mmq and kvab (items 98, 100, 101) at b1dbd3a, its q23review, onechunk and downrest
 # on branches onechunk-r and down-rest; the thirty-fourth's q4pat (item 103: the Q4_0 access
-# patterns and runs-of-32 kernels) at 3b4f541.
+# patterns and runs-of-32 kernels) at 3b4f541; the thirty-sixth's glu2 (item 107) at e2226b7.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -78,6 +77,11 @@ same_logits() {
   rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
+}
+# $NCU: Nsight Compute's command line, or the mode ends here without it.
+need_ncu() {
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
 }
 # ncu's /tmp/ncu.csv summed by kernel and grid: launches, mean µs, share, DRAM read rate.
 ncu_table() {
@@ -192,8 +196,7 @@ attprof)
   # Where tg2048's extra time goes (1B Q4_0 ~1,340 tok/s against ~1,800 at tg256): ncu kernel
   # durations (µs) of the 16 layers' decode attention, and of the QKV GEMV as a control, at
   # step 10 and step 1,000 of a tg1100 run (graphs off so ncu sees each launch).
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  need_ncu
   /tmp/kiln synth Llama-3.2-1B /tmp/ap --types q4_0 > /dev/null 2>&1; date -u +%T
   for k in attention_f2 mvqsn4_q4_0r; do for step in 10 1000; do
     echo "$k step $step: $(KILN_CUDA_GRAPHS=0 $NCU --clock-control none --kernel-name regex:"^$k\$" \
@@ -201,32 +204,11 @@ attprof)
       /tmp/kiln bench /tmp/ap/model-q4_0.gguf --device cuda -p 16 -n 1100 -r 1 2>/dev/null \
       | grep "\"$k\"" | awk -F'","' '{print $NF}' | tr -d '"' | paste -sd' ')"
   done; done ;;
-glu2)
-  # NOTES.md item 107: the GLU gate|up kernel of Q6_K at four units a lane (mvqsg4_q6_kr) at two
-  # blocks an SM (64 registers; a unit's preloaded words spilled across the norm) against one
-  # (112 of 132 SMs on the 8B's 448 ranges): 8B Q6_K logits bit for bit, tg256 alternated, then
-  # the kernel's ncu durations (isolated launches) on both.
-  /tmp/kiln synth Llama-3.1-8B /tmp/g8 --types q6_k > /dev/null 2>&1; date -u +%T
-  for v in 1 0; do
-    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/g8/model-q6_k.gguf && echo "8B q6_k fuse_norm=$v: branch = main, bit for bit"
-  done
-  for r in 1 2 3; do for b in kiln_a kiln; do
-    echo "8B q6_k $b $(/tmp/$b bench /tmp/g8/model-q6_k.gguf --device cuda -p 512 -n 256 -r 2 2>&1 | pptg_of)"
-  done; done; date -u +%T
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
-  for b in kiln_a kiln; do
-    echo "$b mvqsg4_q6_kr: $(KILN_CUDA_GRAPHS=0 $NCU --clock-control none --kernel-name regex:'^mvqsg4_q6_kr$' \
-      --launch-skip 64 --launch-count 32 --metrics gpu__time_duration.sum --csv \
-      /tmp/$b bench /tmp/g8/model-q6_k.gguf --device cuda -p 16 -n 8 -r 1 2>/dev/null \
-      | grep '"mvqsg4_q6_kr' | awk -F'","' '{print $NF}' | tr -d '"' | sort -n | awk '{a[NR]=$1} END{print "median", a[int(NR/2)+1], "ns of", NR}')"
-  done ;;
 tgprof)
   # One-token decode kernel by kernel: ncu durations (isolated launches, graphs off) and DRAM
   # read rates of launches 2,000-2,800 (decode steps past the prefill) of $PROF_SHAPE (default
   # Llama-3.1-8B) $EV_TYPES (default q6_k), for each binary in $PROF_BINS (default kiln_a kiln).
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  need_ncu
   S=${PROF_SHAPE:-Llama-3.1-8B}
   /tmp/kiln synth $S /tmp/tp --types $(gguf_types ${EV_TYPES:-q6_k}) > /dev/null 2>&1; date -u +%T
   for t in ${EV_TYPES:-q6_k}; do for b in ${PROF_BINS:-kiln_a kiln}; do
@@ -240,8 +222,7 @@ stepprof)
   # A batched decode step kernel by kernel (NOTES.md item 75): ncu durations (isolated launches,
   # graphs off) and DRAM read rates of launches 3,000-3,800 (decode steps, past the prefill) of
   # 8B $EV_TYPES (default q4_0) at --batch $BATCHES (default 4 1), summed by kernel and grid.
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+  need_ncu
   T=$(gguf_types ${EV_TYPES:-q4_0})
   [ -d /tmp/v8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/v8 --types "$T" > /dev/null 2>&1; date -u +%T
   for t in ${EV_TYPES:-q4_0}; do for B in ${BATCHES:-4 1}; do

@@ -220,9 +220,14 @@ const Q3KR_BYTES: usize = 112;
 /// Bytes of a run of 4 repacked Q2_K super-blocks (4 x 84).
 const Q2KR_RUN: usize = 336;
 
-/// A Q6_K row of `nsb` super-blocks padded to 16 bytes.
+/// Bytes of a run of 4 repacked Q6_K super-blocks' units (Q6KR_RUN in
+/// quant.cu); their 4 f16 d's sit after the row's runs.
+const Q6KR_RUN: usize = 832;
+
+/// A Q6_K row of `nsb` super-blocks padded to 16 bytes: its runs with
+/// their d's.
 fn q6k_padded_row_bytes(nsb: usize) -> usize {
-    (nsb.div_ceil(4) * 840).next_multiple_of(16)
+    (nsb.div_ceil(4) * (Q6KR_RUN + 8)).next_multiple_of(16)
 }
 
 /// A row of `cols` values as whole runs of 8 blocks of `qb` quant bytes, an
