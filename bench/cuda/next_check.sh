@@ -30,8 +30,10 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
+#   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
+#   bash bench/cuda/next_check.sh gsplit   # Gemma-3-1B's decode attention slices forced ($GS_SPLITS), tg256 p16 / p512, stamps at $GS_TL
 #   bash bench/cuda/next_check.sh timeline # stamps of single decode steps (kiln.xz + its timeline cubin), for bench/cuda/timeline.py
 #   bash bench/cuda/next_check.sh attprof  # ncu: decode attention / QKV GEMV durations at step 10 and 1,000 (kiln.xz)
 #   bash bench/cuda/next_check.sh plain    # branch vs main, Q4_0 with fuse_norm off and on: fixtures, logits bit for bit, tg256 alternated
@@ -429,6 +431,19 @@ wide)
     echo "timeline wide<$1 $2 step $3"
     python3 bench/cuda/timeline.py $f --per-layer 5 --skip 1 --quiet 2>&1 | grep -E '^  [0-4]:|first arrival'
   done ;;
+gsplit)
+  # NOTES.md item 109: Gemma-3-1B's decode attention (head dim 256: the sliced kernel, slices
+  # merged through global memory by the last block) with its slices forced
+  # ($KILN_CUDA_ATT_SPLIT; default 16 at this grid), tg256 from 16 and 512 positions,
+  # q4_k_m and the bf16 folder, two rounds; then stamps of step 40 at split $GS_TL.
+  /tmp/kiln synth Gemma-3-1B /tmp/g1 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  for r in 1 2; do for m in model-q4_k_m.gguf hf; do for p in 16 512; do for sp in ${GS_SPLITS:-16 8 4 2 1}; do
+    echo "$m p$p split=$sp $(KILN_CUDA_ATT_SPLIT=$sp /tmp/kiln bench /tmp/g1/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; done
+  for sp in ${GS_TL:-1}; do for m in model-q4_k_m.gguf hf; do
+    KILN_CUDA_ATT_SPLIT=$sp KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_g1_${m%%.*}_s$sp.tsv \
+      /tmp/kiln bench /tmp/g1/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$m split $sp stamped: |"
+  done; done ;;
 timeline)
   # Stamps of single decode steps (NOTES.md item 65; the cache needs the timeline cubin too:
   # KILN_CUDA_TIMELINE=1 cuda_check --precompile sm_90; bench/cuda/timeline.py lays them out):
@@ -486,6 +501,24 @@ peers)
     bash bench/cuda/peers.sh /tmp/kiln bench/cuda/hf_peer.py $S ${PEER_TYPES:-q8_0,q4_0,q4_k_m} /tmp/pe-$S 2>/dev/null | tee $OUT/peers-$S.md
     rm -rf /tmp/pe-$S; date -u +%T
   done ;;
+short)
+  # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
+  # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
+  # llama.cpp's fallback for rows that are not whole super-blocks), types $SR_TYPES:
+  # fixtures (SR_FIX=0 skips them), logits bit for bit with fuse_norm on and off, tg256
+  # alternated, two rounds.
+  SR=${SR_TYPES:-q4_k_m q5_0}; SRS=${SR_SHAPES:-SmolLM2-135M SmolLM2-360M Gemma-3-1B}
+  if [ "${SR_FIX:-1}" = 1 ]; then
+    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  fi
+  for S in $SRS; do /tmp/kiln synth $S /tmp/sr-$S --types $(gguf_types $SR) > /dev/null 2>&1; done; date -u +%T
+  for t in $SR; do for S in $SRS; do for v in 1 0; do
+    KILN_CUDA_FUSE_NORM=$v same_logits /tmp/sr-$S/model-$t.gguf && echo "$S $t fuse_norm=$v: branch = main, bit for bit"
+  done; done; done; date -u +%T
+  for r in 1 2; do for t in $SR; do for S in $SRS; do for b in kiln_a kiln; do
+    echo "$S $t $b $(/tmp/$b bench /tmp/sr-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; done; date -u +%T ;;
 flat)
   # NOTES.md items 103-106: a repacked layout change that keeps the arithmetic (Q4_0 and Q6_K
   # flat, Q6_K runs of 4; Q8_0 flat was measured and lost) against main, on the types in

@@ -1370,8 +1370,12 @@ __device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, in
 // first (stage_post_norm_xq: xf + post_norm(yp; pw), written to xo by
 // block 0 of this matrix). The rows' sums are the plain kernel's. bx / gx: the
 // block's index and the grid's size as far as this matrix goes (a second
-// matrix in the same launch: mvqsnp).
-template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, bool POST = false>
+// matrix in the same launch: mvqsnp). R > 1 (short rows, of at most 32 U / R units: the
+// host's `mvqs_rows`): R rows a chunk, U / R units of each a lane, so a warp has as many
+// bytes in flight as on a long row instead of one row's few (Gemma 3's 1,152 columns of
+// Q5_0: 36 units against the 128 that four a lane cover); each row still summed a lane
+// in increasing unit order, so the same bits.
+template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, bool POST = false, int R = 1>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -1445,6 +1449,63 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     };
     uint4 q[U][Rq<T>::QW];
     u16 d[U];
+    if constexpr (R > 1) {
+        constexpr int KPR = U / R;
+        // The current chunk's row i: the warp's row R c + i (GLU: of the block's share, j
+        // counting rows; otherwise r stepping by rstep), ascending, so past `rows` once one
+        // is. Recomputed where needed rather than held (registers).
+        auto row_at = [&](int i) { return GLU ? glu_row(j + i * nw, inter, rows) : r + i * rstep; };
+        auto load_chunk = [&]() {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                int ri = row_at(i);
+                if (ri < rows) {
+                    const u8* row = W + (u64)ri * row_bytes;
+#pragma unroll
+                    for (int k = 0; k < KPR; k++)
+                        if (lane + 32 * k < units)
+                            mvqs_load<T, NORM || RES>(row, lane, k, cols, q[i * KPR + k], &d[i * KPR + k]);
+                }
+            }
+        };
+        float yr[R];
+        load_chunk();
+#pragma unroll
+        for (int i = 0; i < R; i++) yr[i] = res_early<RES>(y, row_at(i), rows, lane);
+        load_gw();
+        PDL_ENTRY();
+        stage();
+        while (row_at(0) < rows) {
+            float acc[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                acc[i] = 0.0f;
+                bool in = row_at(i) < rows;
+#pragma unroll
+                for (int k = 0; k < KPR; k++)
+                    if (in && lane + 32 * k < units)
+                        acc[i] = racc<T>(acc[i], q[i * KPR + k], d[i * KPR + k], lane + 32 * k, sq, sd, ss);
+            }
+            float yc[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) yc[i] = yr[i];
+            // The next chunk's loads before this one's sums, as below.
+            if (GLU)
+                j += R * nw;
+            else
+                r += R * rstep;
+            load_chunk();
+#pragma unroll
+            for (int i = 0; i < R; i++) yr[i] = res_early<RES>(y, row_at(i), rows, lane);
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                int ri = row_at(i - R);
+                if (ri < rows) finish(acc[i], ri, j - (R - i) * nw, yc[i]);
+            }
+        }
+        tl_mark(2);
+        return;
+    }
     if (r < rows) {
         const u8* row = W + (u64)r * row_bytes;
 #pragma unroll
@@ -1493,38 +1554,39 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 // mvqr_impl, with U units a lane in flight as mvqr_impl has them (the same
 // words in flight; units summed in the same order, so the same bits; their
 // residual adds are mvqr_impl's, `mvqa_*`).
-#define MVQSN(TNAME, T, U)                                                                            \
-    extern "C" __global__ void mvqsn##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
-                                                  const float* x, float* y, const float* bias,         \
-                                                  const float* nw, float eps) {                        \
-        mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
-                                     nw, eps);                                                         \
+#define MVQSN_R(TNAME, T, U, R, SUF)                                                                  \
+    extern "C" __global__ void mvqsn##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, \
+                                                  const float* x, float* y, const float* bias,        \
+                                                  const float* nw, float eps) {                       \
+        mvqs_impl<T, U, true, false, false, false, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, \
+                                     nw, eps);                                                        \
     }                                                                                                 \
-    /* mvqsg at U <= 4 held to 64 registers, two blocks an SM (Q6_KR's four units spill there). */   \
+    /* mvqsg at U <= 4 held to 64 registers, two blocks an SM (Q6_KR's four units spill there). */    \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
-        mvqsg##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+        mvqsg##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
                            const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
                            float* od, float* os) {                                                    \
-        mvqs_impl<T, U, true, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
-                                           x, nw, eps, inter, act, oq, od, os);                        \
-    } \
+        mvqs_impl<T, U, true, false, true, false, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
+                                           x, nw, eps, inter, act, oq, od, os);                       \
+    }                                                                                                 \
     /* The same behind a post-norm (POST: Gemma 3's layers; yp, pw, xo as mvqs_impl's). */            \
-    extern "C" __global__ void mvqsnq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,     \
-                                                   const float* x, float* y, const float* bias,        \
-                                                   const float* nw, float eps, const float* yp,        \
-                                                   const float* pw, float* xo) {                       \
-        mvqs_impl<T, U, true, false, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+    extern "C" __global__ void mvqsnq##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, \
+                                                   const float* x, float* y, const float* bias,       \
+                                                   const float* nw, float eps, const float* yp,       \
+                                                   const float* pw, float* xo) {                      \
+        mvqs_impl<T, U, true, false, false, true, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
                                                   bias, x, nw, eps, 0, 0, nullptr, nullptr, nullptr, -1, \
-                                                  0, yp, pw, xo);                                      \
+                                                  0, yp, pw, xo);                                     \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
-        mvqsgq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
+        mvqsgq##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
                             const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
                             float* od, float* os, const float* yp, const float* pw, float* xo) {      \
-        mvqs_impl<T, U, true, false, true, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+        mvqs_impl<T, U, true, false, true, true, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
                                                  bias, x, nw, eps, inter, act, oq, od, os, -1, 0, yp, pw, \
-                                                 xo);                                                  \
+                                                 xo);                                                 \
     }
+#define MVQSN(TNAME, T, U) MVQSN_R(TNAME, T, U, 1, )
 
 #define MVQS(TNAME, T, U)                                                                             \
     extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
@@ -1537,12 +1599,13 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 
 // The residual kernels held to 64 registers (two blocks an SM): the 8B
 // Q4_0 down product at one block an SM lost 7% (NOTES.md item 44).
-#define MVQSR(TNAME, T, U)                                                                            \
+#define MVQSR_R(TNAME, T, U, R, SUF)                                                                  \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
-        mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
+        mvqsr##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
                            const float* xs, float* y, const float* bias) {                            \
-        mvqs_impl<T, U, false, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                   \
+        mvqs_impl<T, U, false, true, false, false, R>(W, row_bytes, rows, cols, xq, xd, xs, y, bias); \
     }
+#define MVQSR(TNAME, T, U) MVQSR_R(TNAME, T, U, 1, )
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
 extern "C" __global__ void mvqs4s_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
@@ -1657,6 +1720,10 @@ MVQSR(q6_kr, T_Q6_KR, 4)
 // Q4_1 models.
 MVQSN(q5_0r, T_Q5_0R, 4)
 MVQSR(q5_0r, T_Q5_0R, 4)
+MVQSN_R(q5_0r, T_Q5_0R, 4, 2, x2)
+MVQSN_R(q5_0r, T_Q5_0R, 4, 4, x4)
+MVQSR_R(q5_0r, T_Q5_0R, 4, 2, x2)
+MVQSR_R(q5_0r, T_Q5_0R, 4, 4, x4)
 MVQA(q5_0r, T_Q5_0R)
 MVQSN(q8_0r, T_Q8_0R, 2)
 MVQSN(q4_1r, T_Q4_1R, 4)
@@ -1672,22 +1739,26 @@ MVQA(q5_1r, T_Q5_1R)
 // into y + rows. One launch and one staging a block instead of a kernel
 // each. Held to 64 registers (two blocks an SM), so Q6_KR with two units a
 // lane (the same sums as with four: units in increasing order a lane).
-#define MVQSNP(N1, T1, U1, N2, T2, U2)                                                                 \
+#define MVQSNP_R(N1, T1, U1, R1, N2, T2, U2, R2, SUF)                                                 \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
-        mvqsnp_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+        mvqsnp##SUF##_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
                            const float* bias, const float* nw, float eps, const u8* W2, u64 row_bytes2, \
                            int rows2, int blocks1) {                                                  \
         if ((int)blockIdx.x < blocks1)                                                                \
-            mvqs_impl<T1, U1, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw,  \
+            mvqs_impl<T1, U1, true, false, false, false, R1>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw, \
                                     eps, 0, 0, nullptr, nullptr, nullptr, blockIdx.x, blocks1);       \
         else                                                                                          \
-            mvqs_impl<T2, U2, true>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, y + rows,  \
-                                    bias ? bias + rows : nullptr, x, nw, eps, 0, 0, nullptr, nullptr,  \
+            mvqs_impl<T2, U2, true, false, false, false, R2>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, y + rows, \
+                                    bias ? bias + rows : nullptr, x, nw, eps, 0, 0, nullptr, nullptr, \
                                     nullptr, blockIdx.x - blocks1, gridDim.x - blocks1);              \
     }
+#define MVQSNP(N1, T1, U1, N2, T2, U2) MVQSNP_R(N1, T1, U1, 1, N2, T2, U2, 1, )
 MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_0r, T_Q5_0R, 4, q8_0r, T_Q8_0R, 2)
+// Their short-row versions (mvqs_impl's R; the host's mvqs_rows): rows of up to 64 / 32 units.
+MVQSNP_R(q5_0r, T_Q5_0R, 4, 2, q8_0r, T_Q8_0R, 2, 1, x2)
+MVQSNP_R(q5_0r, T_Q5_0R, 4, 4, q8_0r, T_Q8_0R, 2, 2, x4)
 // Q3_K_M's Q|K with its V (Q5_K in the first two layers, Q4_K after).
 MVQSNP(q3_kr, T_Q3_KR, 2, q4_kr, T_Q4_KR, 2)
 MVQSNP(q3_kr, T_Q3_KR, 2, q5_kr, T_Q5_KR, 2)

@@ -496,6 +496,34 @@ fn mvqsnp_types() -> [((usize, usize), &'static str); 5] {
     ]
 }
 
+/// The streaming kernels' families with short-row versions, in
+/// [`Kernels::mvqs_short`]'s order: `mvqsn`, `mvqsg`, `mvqsnq`, `mvqsgq`,
+/// `mvqsr`.
+const MVQS_SHORT_FAMILIES: [&str; 5] = ["n", "g", "nq", "gq", "r"];
+
+/// The types whose streaming kernels have short-row versions
+/// (`mvqs{v}{U}x{R}_*` for R = 2 and 4, and the pairs `mvqsnpx{R}_*`):
+/// those of llama.cpp's fallback for k-quant rows that are not whole
+/// super-blocks (Q5_0, the Q4_K one, on the 576-1,152-column rows of
+/// SmolLM2, Qwen2.5-0.5B and Gemma 3 1B).
+fn mvqs_short_types() -> [usize; 1] {
+    [REPACKED + GgmlType::Q5_0.id() as usize]
+}
+
+/// Rows a chunk (`mvqs_impl`'s R) for a streaming kernel of `u` units a
+/// lane on rows of `cols` columns: the most (up to 4, a power of two) whose
+/// U / R units a lane still cover a row's cols / 32, so that a warp has
+/// `u` units of some row in flight a lane rather than a row's few (1 on
+/// rows of more than 16 u units).
+fn mvqs_rows(u: usize, cols: usize) -> usize {
+    let units = cols / 32;
+    let mut r = 1;
+    while r < 4 && 2 * r <= u && units <= 32 * (u / (2 * r)) {
+        r *= 2;
+    }
+    r
+}
+
 /// How a [`CudaBackend::fused_kernel`] launches.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FusedLaunch {
@@ -1141,6 +1169,11 @@ struct Kernels {
     /// Two matrices of different types under one staged norm
     /// ([`mvqsnp_types`]).
     mvqsnp: Vec<((usize, usize), cudarc::driver::sys::CUfunction)>,
+    /// Short-row versions ([`mvqs_rows`]) of the staged kernels, by family
+    /// ([`MVQS_SHORT_FAMILIES`]) and kernel-table index: [R = 2, R = 4];
+    /// of the pairs the same way ([`mvqsnp_types`]' order).
+    mvqs_short: [Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>; 5],
+    mvqsnp_short: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
     /// and `mvqpn`'s the same way.
     mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
@@ -1328,6 +1361,30 @@ impl Kernels {
             mvqpgq[id][0] = Some(gpu.func(&format!("mvqsgq{u}_{n}"))?);
         }
         // A/B switch: a kernel for each matrix instead.
+        // A/B switch: `$KILN_CUDA_SHORT_ROWS=0` keeps one row a chunk.
+        let short = std::env::var("KILN_CUDA_SHORT_ROWS").map_or(true, |v| v != "0");
+        let mut mvqs_short: [Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>; 5] =
+            std::array::from_fn(|_| vec![[None; 2]; 64]);
+        let mut mvqsnp_short = vec![[None; 2]; mvqsnp_types().len()];
+        if short {
+            for (id, n, u) in mvqp_fused_types() {
+                if !mvqs_short_types().contains(&id) {
+                    continue;
+                }
+                for (fam, v) in MVQS_SHORT_FAMILIES.iter().enumerate() {
+                    for (i, r) in [2, 4].into_iter().enumerate() {
+                        mvqs_short[fam][id][i] = Some(gpu.func(&format!("mvqs{v}{u}x{r}_{n}"))?);
+                    }
+                }
+            }
+            for (k, ((a, _), n)) in mvqsnp_types().into_iter().enumerate() {
+                if mvqs_short_types().contains(&a) {
+                    for (i, r) in [2, 4].into_iter().enumerate() {
+                        mvqsnp_short[k][i] = Some(gpu.func(&format!("mvqsnpx{r}_{n}"))?);
+                    }
+                }
+            }
+        }
         let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
             Vec::new()
         } else {
@@ -1364,6 +1421,8 @@ impl Kernels {
             mvqa,
             mvqpr,
             mvqsnp,
+            mvqs_short,
+            mvqsnp_short,
             mvqsg,
             mvqpg,
             mvqsnq,
@@ -2839,35 +2898,42 @@ impl CudaBackend {
         mat: &DMat,
         fuse: Fuse,
     ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
-        let (streaming, preload, float) = match fuse {
-            Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf)),
+        // `fam`: the family's index in MVQS_SHORT_FAMILIES.
+        let (streaming, preload, float, fam) = match fuse {
+            Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf), None),
             Fuse::Norm { post, .. } if post.is_some() => (
                 &self.k.mvqsnq,
                 Some((&self.k.mvqpnq, FusedLaunch::Staged)),
                 Some(&self.k.mvfnq),
+                Some(2),
             ),
             Fuse::NormGlu { post, .. } if post.is_some() => (
                 &self.k.mvqsgq,
                 Some((&self.k.mvqpgq, FusedLaunch::Staged)),
                 None,
+                Some(3),
             ),
             Fuse::Norm { .. } => (
                 &self.k.mvqsn,
                 Some((&self.k.mvqpn, FusedLaunch::Staged)),
                 Some(&self.k.mvfn),
+                Some(0),
             ),
             Fuse::Residual => (
                 &self.k.mvqsr,
                 Some((&self.k.mvqa, FusedLaunch::Preload)),
                 Some(&self.k.mvfr),
+                Some(4),
             ),
             // No float version: the act_mul launch stays.
             Fuse::NormGlu { .. } => (
                 &self.k.mvqsg,
                 Some((&self.k.mvqpg, FusedLaunch::Staged)),
                 None,
+                Some(1),
             ),
         };
+        let short = |f| fam.map_or(f, |fam| self.short_rows(fam, mat, f));
         if let Some(f) = self.streaming(streaming, mat, 1) {
             return Some((f, FusedLaunch::Staged));
         }
@@ -2877,11 +2943,11 @@ impl CudaBackend {
             // The streaming residual kernel where there is one (`mvqpr`).
             if let (Fuse::Residual, Some(f)) = (fuse, self.k.mvqpr[mat.kernel]) {
                 if mat.cols <= MVQS_COLS && !narrow {
-                    return Some((f, FusedLaunch::Staged));
+                    return Some((short(f), FusedLaunch::Staged));
                 }
             }
             let [plain, two] = preload.map_or([None; 2], |(t, _)| t[mat.kernel]);
-            let f = two.filter(|_| narrow).or(plain)?;
+            let f = two.filter(|_| narrow).or(plain.map(short))?;
             return preload.map(|(_, l)| (f, l));
         }
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
@@ -2889,6 +2955,29 @@ impl CudaBackend {
         float?[mat.kernel]
             .filter(|_| aligned16 && self.mv_path(1))
             .map(|f| (f, FusedLaunch::Float))
+    }
+
+    /// `f` (a staged kernel of family `fam` for `mat`: `mvqs{v}{U}_*`), or
+    /// its version taking [`mvqs_rows`] rows a chunk where `mat`'s rows are
+    /// that short and it has one.
+    fn short_rows(
+        &self,
+        fam: usize,
+        mat: &DMat,
+        f: cudarc::driver::sys::CUfunction,
+    ) -> cudarc::driver::sys::CUfunction {
+        let Some((_, _, u)) = mvqp_fused_types()
+            .into_iter()
+            .find(|&(id, _, _)| id == mat.kernel)
+        else {
+            return f;
+        };
+        let slot = match mvqs_rows(u, mat.cols) {
+            2 => 0,
+            4 => 1,
+            _ => return f,
+        };
+        self.k.mvqs_short[fam][mat.kernel][slot].unwrap_or(f)
     }
 
     /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
@@ -3001,6 +3090,22 @@ impl CudaBackend {
         let Some(&(_, f)) = self.k.mvqsnp.iter().find(|(ids, _)| *ids == pair) else {
             return Ok(false);
         };
+        // The short-row version by its first matrix's rows a chunk.
+        let u = mvqp_fused_types()
+            .into_iter()
+            .find(|&(id, _, _)| id == a.kernel)
+            .map_or(0, |(_, _, u)| u);
+        let slot = match mvqs_rows(u, a.cols) {
+            2 => Some(0),
+            4 => Some(1),
+            _ => None,
+        };
+        let f = mvqsnp_types()
+            .iter()
+            .position(|(ids, _)| *ids == pair)
+            .zip(slot)
+            .and_then(|(k, i)| self.k.mvqsnp_short[k][i])
+            .unwrap_or(f);
         // Only where each matrix alone would take its staged kernel.
         let staged = |m: &DMat| {
             self.fused_kernel(m, fuse)
