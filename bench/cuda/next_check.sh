@@ -516,9 +516,14 @@ short)
   for t in $SR; do for S in $SRS; do for v in 1 0; do
     KILN_CUDA_FUSE_NORM=$v same_logits /tmp/sr-$S/model-$t.gguf && echo "$S $t fuse_norm=$v: branch = main, bit for bit"
   done; done; done; date -u +%T
-  for r in 1 2; do for t in $SR; do for S in $SRS; do for b in kiln_a kiln; do
-    echo "$S $t $b $(/tmp/$b bench /tmp/sr-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; done; date -u +%T ;;
+  # $SR_VARIANTS: the branch's KILN_CUDA_SHORT_ROWS settings beside main (default: its own).
+  for r in 1 2; do for t in $SR; do for S in $SRS; do
+    echo "$S $t main $(/tmp/kiln_a bench /tmp/sr-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+    for v in ${SR_VARIANTS:-default}; do
+      [ $v = default ] && e="" || e="KILN_CUDA_SHORT_ROWS=$v"
+      echo "$S $t short=$v $(env $e /tmp/kiln bench /tmp/sr-$S/model-$t.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+    done
+  done; done; done; date -u +%T ;;
 flat)
   # NOTES.md items 103-106: a repacked layout change that keeps the arithmetic (Q4_0 and Q6_K
   # flat, Q6_K runs of 4; Q8_0 flat was measured and lost) against main, on the types in

@@ -500,6 +500,9 @@ fn mvqsnp_types() -> [((usize, usize), &'static str); 5] {
 /// [`Kernels::mvqs_short`]'s order: `mvqsn`, `mvqsg`, `mvqsnq`, `mvqsgq`,
 /// `mvqsr`.
 const MVQS_SHORT_FAMILIES: [&str; 5] = ["n", "g", "nq", "gq", "r"];
+/// The families that take their short-row versions unless
+/// `$KILN_CUDA_SHORT_ROWS` says otherwise.
+const MVQS_SHORT_DEFAULT: &str = "n,g,nq,gq,r,p";
 
 /// The types whose streaming kernels have short-row versions
 /// (`mvqs{v}{U}x{R}_*` for R = 2 and 4, and the pairs `mvqsnpx{R}_*`):
@@ -1361,27 +1364,31 @@ impl Kernels {
             mvqpgq[id][0] = Some(gpu.func(&format!("mvqsgq{u}_{n}"))?);
         }
         // A/B switch: a kernel for each matrix instead.
-        // A/B switch: `$KILN_CUDA_SHORT_ROWS=0` keeps one row a chunk.
-        let short = std::env::var("KILN_CUDA_SHORT_ROWS").map_or(true, |v| v != "0");
+        // A/B switch: `$KILN_CUDA_SHORT_ROWS`, the families that take their
+        // short-row versions (MVQS_SHORT_FAMILIES' names, "p" the pairs,
+        // comma-separated; "0" none).
+        let short = std::env::var("KILN_CUDA_SHORT_ROWS").unwrap_or_else(|_| MVQS_SHORT_DEFAULT.into());
+        let short: Vec<&str> = short.split(',').map(str::trim).collect();
         let mut mvqs_short: [Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>; 5] =
             std::array::from_fn(|_| vec![[None; 2]; 64]);
         let mut mvqsnp_short = vec![[None; 2]; mvqsnp_types().len()];
-        if short {
-            for (id, n, u) in mvqp_fused_types() {
-                if !mvqs_short_types().contains(&id) {
+        for (id, n, u) in mvqp_fused_types() {
+            if !mvqs_short_types().contains(&id) {
+                continue;
+            }
+            for (fam, v) in MVQS_SHORT_FAMILIES.iter().enumerate() {
+                if !short.contains(v) {
                     continue;
                 }
-                for (fam, v) in MVQS_SHORT_FAMILIES.iter().enumerate() {
-                    for (i, r) in [2, 4].into_iter().enumerate() {
-                        mvqs_short[fam][id][i] = Some(gpu.func(&format!("mvqs{v}{u}x{r}_{n}"))?);
-                    }
+                for (i, r) in [2, 4].into_iter().enumerate() {
+                    mvqs_short[fam][id][i] = Some(gpu.func(&format!("mvqs{v}{u}x{r}_{n}"))?);
                 }
             }
-            for (k, ((a, _), n)) in mvqsnp_types().into_iter().enumerate() {
-                if mvqs_short_types().contains(&a) {
-                    for (i, r) in [2, 4].into_iter().enumerate() {
-                        mvqsnp_short[k][i] = Some(gpu.func(&format!("mvqsnpx{r}_{n}"))?);
-                    }
+        }
+        for (k, ((a, _), n)) in mvqsnp_types().into_iter().enumerate() {
+            if short.contains(&"p") && mvqs_short_types().contains(&a) {
+                for (i, r) in [2, 4].into_iter().enumerate() {
+                    mvqsnp_short[k][i] = Some(gpu.func(&format!("mvqsnpx{r}_{n}"))?);
                 }
             }
         }
