@@ -1548,19 +1548,8 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     tl_mark(2);
 }
 
-// The fused norm's GEMV (CudaOptions::fuse_norm): the streaming kernel
-// staging the normalized x on a resident grid. Instantiated with MVQS, and
-// below it for the types whose plain one-token GEMV is the register-preloading
-// mvqr_impl, with U units a lane in flight as mvqr_impl has them (the same
-// words in flight; units summed in the same order, so the same bits; their
-// residual adds are mvqr_impl's, `mvqa_*`).
-#define MVQSN_R(TNAME, T, U, R, SUF)                                                                  \
-    extern "C" __global__ void mvqsn##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, \
-                                                  const float* x, float* y, const float* bias,        \
-                                                  const float* nw, float eps) {                       \
-        mvqs_impl<T, U, true, false, false, false, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, \
-                                     nw, eps);                                                        \
-    }                                                                                                 \
+// The GLU kernel of MVQSN; R > 1: its short-row version (mvqs_impl's R; the host's mvqs_rows).
+#define MVQSG_R(TNAME, T, U, R, SUF)                                                                  \
     /* mvqsg at U <= 4 held to 64 registers, two blocks an SM (Q6_KR's four units spill there). */    \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
         mvqsg##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
@@ -1568,25 +1557,39 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                            float* od, float* os) {                                                    \
         mvqs_impl<T, U, true, false, true, false, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, \
                                            x, nw, eps, inter, act, oq, od, os);                       \
+    }
+
+// The fused norm's GEMV (CudaOptions::fuse_norm): the streaming kernel
+// staging the normalized x on a resident grid. Instantiated with MVQS, and
+// below it for the types whose plain one-token GEMV is the register-preloading
+// mvqr_impl, with U units a lane in flight as mvqr_impl has them (the same
+// words in flight; units summed in the same order, so the same bits; their
+// residual adds are mvqr_impl's, `mvqa_*`).
+#define MVQSN(TNAME, T, U)                                                                            \
+    extern "C" __global__ void mvqsn##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,      \
+                                                  const float* x, float* y, const float* bias,         \
+                                                  const float* nw, float eps) {                        \
+        mvqs_impl<T, U, true, false>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x,  \
+                                     nw, eps);                                                         \
     }                                                                                                 \
+    MVQSG_R(TNAME, T, U, 1, )                                                                         \
     /* The same behind a post-norm (POST: Gemma 3's layers; yp, pw, xo as mvqs_impl's). */            \
-    extern "C" __global__ void mvqsnq##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, \
-                                                   const float* x, float* y, const float* bias,       \
-                                                   const float* nw, float eps, const float* yp,       \
-                                                   const float* pw, float* xo) {                      \
-        mvqs_impl<T, U, true, false, false, true, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+    extern "C" __global__ void mvqsnq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,     \
+                                                   const float* x, float* y, const float* bias,        \
+                                                   const float* nw, float eps, const float* yp,        \
+                                                   const float* pw, float* xo) {                       \
+        mvqs_impl<T, U, true, false, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
                                                   bias, x, nw, eps, 0, 0, nullptr, nullptr, nullptr, -1, \
-                                                  0, yp, pw, xo);                                     \
+                                                  0, yp, pw, xo);                                      \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, U <= 4 && !(T == T_Q6_KR && U == 4) ? 2 : 1) \
-        mvqsgq##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
+        mvqsgq##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
                             const float* bias, const float* nw, float eps, int inter, int act, i8* oq, \
                             float* od, float* os, const float* yp, const float* pw, float* xo) {      \
-        mvqs_impl<T, U, true, false, true, true, R>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+        mvqs_impl<T, U, true, false, true, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
                                                  bias, x, nw, eps, inter, act, oq, od, os, -1, 0, yp, pw, \
-                                                 xo);                                                 \
+                                                 xo);                                                  \
     }
-#define MVQSN(TNAME, T, U) MVQSN_R(TNAME, T, U, 1, )
 
 #define MVQS(TNAME, T, U)                                                                             \
     extern "C" __global__ void mvqs##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,       \
@@ -1599,13 +1602,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 
 // The residual kernels held to 64 registers (two blocks an SM): the 8B
 // Q4_0 down product at one block an SM lost 7% (NOTES.md item 44).
-#define MVQSR_R(TNAME, T, U, R, SUF)                                                                  \
+#define MVQSR(TNAME, T, U)                                                                            \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
-        mvqsr##U##SUF##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
+        mvqsr##U##_##TNAME(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd, \
                            const float* xs, float* y, const float* bias) {                            \
-        mvqs_impl<T, U, false, true, false, false, R>(W, row_bytes, rows, cols, xq, xd, xs, y, bias); \
+        mvqs_impl<T, U, false, true>(W, row_bytes, rows, cols, xq, xd, xs, y, bias);                   \
     }
-#define MVQSR(TNAME, T, U) MVQSR_R(TNAME, T, U, 1, )
 MVQS(q4_0r, T_Q4_0R, 4)
 MVQS(q4_0r, T_Q4_0R, 8)
 extern "C" __global__ void mvqs4s_q4_0r(const u8* W, u64 row_bytes, int rows, int cols, const i8* xq, const float* xd,
@@ -1720,10 +1722,8 @@ MVQSR(q6_kr, T_Q6_KR, 4)
 // Q4_1 models.
 MVQSN(q5_0r, T_Q5_0R, 4)
 MVQSR(q5_0r, T_Q5_0R, 4)
-MVQSN_R(q5_0r, T_Q5_0R, 4, 2, x2)
-MVQSN_R(q5_0r, T_Q5_0R, 4, 4, x4)
-MVQSR_R(q5_0r, T_Q5_0R, 4, 2, x2)
-MVQSR_R(q5_0r, T_Q5_0R, 4, 4, x4)
+MVQSG_R(q5_0r, T_Q5_0R, 4, 2, x2)
+MVQSG_R(q5_0r, T_Q5_0R, 4, 4, x4)
 MVQA(q5_0r, T_Q5_0R)
 MVQSN(q8_0r, T_Q8_0R, 2)
 MVQSN(q4_1r, T_Q4_1R, 4)
@@ -1756,7 +1756,8 @@ MVQA(q5_1r, T_Q5_1R)
 MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_0r, T_Q5_0R, 4, q8_0r, T_Q8_0R, 2)
-// Their short-row versions (mvqs_impl's R; the host's mvqs_rows): rows of up to 64 / 32 units.
+// Their short-row versions (mvqs_impl's R; the host's mvqs_rows by the first matrix): rows of up
+// to 64 / 32 units, the Q8_0 V at two units a lane one / two rows a chunk.
 MVQSNP_R(q5_0r, T_Q5_0R, 4, 2, q8_0r, T_Q8_0R, 2, 1, x2)
 MVQSNP_R(q5_0r, T_Q5_0R, 4, 4, q8_0r, T_Q8_0R, 2, 2, x4)
 // Q3_K_M's Q|K with its V (Q5_K in the first two layers, Q4_K after).

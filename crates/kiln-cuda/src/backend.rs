@@ -496,19 +496,13 @@ fn mvqsnp_types() -> [((usize, usize), &'static str); 5] {
     ]
 }
 
-/// The streaming kernels' families with short-row versions, in
-/// [`Kernels::mvqs_short`]'s order: `mvqsn`, `mvqsg`, `mvqsnq`, `mvqsgq`,
-/// `mvqsr`.
-const MVQS_SHORT_FAMILIES: [&str; 5] = ["n", "g", "nq", "gq", "r"];
-/// The families that take their short-row versions unless
-/// `$KILN_CUDA_SHORT_ROWS` says otherwise.
-const MVQS_SHORT_DEFAULT: &str = "n,g,nq,gq,r,p";
-
-/// The types whose streaming kernels have short-row versions
-/// (`mvqs{v}{U}x{R}_*` for R = 2 and 4, and the pairs `mvqsnpx{R}_*`):
-/// those of llama.cpp's fallback for k-quant rows that are not whole
-/// super-blocks (Q5_0, the Q4_K one, on the 576-1,152-column rows of
-/// SmolLM2, Qwen2.5-0.5B and Gemma 3 1B).
+/// The types whose GLU streaming kernel and QKV pair have short-row
+/// versions (`mvqsg{U}x{R}_*` for R = 2 and 4, the pairs `mvqsnpx{R}_*`):
+/// llama.cpp's fallback for Q4_K rows that are not whole super-blocks
+/// (Q5_0, on the 576-1,152-column rows of SmolLM2, Qwen2.5-0.5B and Gemma 3
+/// 1B). SmolLM2-135M Q4_K_M tg256 +3.5%, SmolLM2-360M +2.3%, Q5_0 +2.9% /
+/// +1.6%; the other families' versions (QKV alone, the residual O and down,
+/// behind Gemma's post-norms) lost or were even (NOTES.md item 109).
 fn mvqs_short_types() -> [usize; 1] {
     [REPACKED + GgmlType::Q5_0.id() as usize]
 }
@@ -525,6 +519,18 @@ fn mvqs_rows(u: usize, cols: usize) -> usize {
         r *= 2;
     }
     r
+}
+
+/// The short-row tables' slot ([R = 2, R = 4]) for a matrix of kernel-table
+/// index `id` (one of [`mvqp_fused_types`]) and `cols` columns; None where
+/// it keeps one row a chunk.
+fn short_slot(id: usize, cols: usize) -> Option<usize> {
+    let (_, _, u) = mvqp_fused_types().into_iter().find(|&(t, _, _)| t == id)?;
+    match mvqs_rows(u, cols) {
+        2 => Some(0),
+        4 => Some(1),
+        _ => None,
+    }
 }
 
 /// How a [`CudaBackend::fused_kernel`] launches.
@@ -1172,10 +1178,10 @@ struct Kernels {
     /// Two matrices of different types under one staged norm
     /// ([`mvqsnp_types`]).
     mvqsnp: Vec<((usize, usize), cudarc::driver::sys::CUfunction)>,
-    /// Short-row versions ([`mvqs_rows`]) of the staged kernels, by family
-    /// ([`MVQS_SHORT_FAMILIES`]) and kernel-table index: [R = 2, R = 4];
-    /// of the pairs the same way ([`mvqsnp_types`]' order).
-    mvqs_short: [Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>; 5],
+    /// Short-row versions ([`mvqs_rows`]) of `mvqpg`'s staged kernels by
+    /// kernel-table index, and of the pairs in [`mvqsnp_types`]' order: [R
+    /// = 2, R = 4].
+    mvqsg_short: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     mvqsnp_short: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
     /// and `mvqpn`'s the same way.
@@ -1363,35 +1369,25 @@ impl Kernels {
             mvqpnq[id][0] = Some(gpu.func(&format!("mvqsnq{u}_{n}"))?);
             mvqpgq[id][0] = Some(gpu.func(&format!("mvqsgq{u}_{n}"))?);
         }
-        // A/B switch: a kernel for each matrix instead.
-        // A/B switch: `$KILN_CUDA_SHORT_ROWS`, the families that take their
-        // short-row versions (MVQS_SHORT_FAMILIES' names, "p" the pairs,
-        // comma-separated; "0" none).
-        let short = std::env::var("KILN_CUDA_SHORT_ROWS").unwrap_or_else(|_| MVQS_SHORT_DEFAULT.into());
-        let short: Vec<&str> = short.split(',').map(str::trim).collect();
-        let mut mvqs_short: [Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>; 5] =
-            std::array::from_fn(|_| vec![[None; 2]; 64]);
+        // A/B switch: `$KILN_CUDA_SHORT_ROWS=0` keeps one row a chunk.
+        let short = std::env::var("KILN_CUDA_SHORT_ROWS").map_or(true, |v| v != "0");
+        let mut mvqsg_short = vec![[None; 2]; 64];
         let mut mvqsnp_short = vec![[None; 2]; mvqsnp_types().len()];
         for (id, n, u) in mvqp_fused_types() {
-            if !mvqs_short_types().contains(&id) {
-                continue;
-            }
-            for (fam, v) in MVQS_SHORT_FAMILIES.iter().enumerate() {
-                if !short.contains(v) {
-                    continue;
-                }
+            if short && mvqs_short_types().contains(&id) {
                 for (i, r) in [2, 4].into_iter().enumerate() {
-                    mvqs_short[fam][id][i] = Some(gpu.func(&format!("mvqs{v}{u}x{r}_{n}"))?);
+                    mvqsg_short[id][i] = Some(gpu.func(&format!("mvqsg{u}x{r}_{n}"))?);
                 }
             }
         }
         for (k, ((a, _), n)) in mvqsnp_types().into_iter().enumerate() {
-            if short.contains(&"p") && mvqs_short_types().contains(&a) {
+            if short && mvqs_short_types().contains(&a) {
                 for (i, r) in [2, 4].into_iter().enumerate() {
                     mvqsnp_short[k][i] = Some(gpu.func(&format!("mvqsnpx{r}_{n}"))?);
                 }
             }
         }
+        // A/B switch: a kernel for each matrix instead.
         let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
             Vec::new()
         } else {
@@ -1428,7 +1424,7 @@ impl Kernels {
             mvqa,
             mvqpr,
             mvqsnp,
-            mvqs_short,
+            mvqsg_short,
             mvqsnp_short,
             mvqsg,
             mvqpg,
@@ -2905,42 +2901,42 @@ impl CudaBackend {
         mat: &DMat,
         fuse: Fuse,
     ) -> Option<(cudarc::driver::sys::CUfunction, FusedLaunch)> {
-        // `fam`: the family's index in MVQS_SHORT_FAMILIES.
-        let (streaming, preload, float, fam) = match fuse {
-            Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf), None),
+        let (streaming, preload, float) = match fuse {
+            Fuse::None => (&self.k.mvqs, None, Some(&self.k.mvf)),
             Fuse::Norm { post, .. } if post.is_some() => (
                 &self.k.mvqsnq,
                 Some((&self.k.mvqpnq, FusedLaunch::Staged)),
                 Some(&self.k.mvfnq),
-                Some(2),
             ),
             Fuse::NormGlu { post, .. } if post.is_some() => (
                 &self.k.mvqsgq,
                 Some((&self.k.mvqpgq, FusedLaunch::Staged)),
                 None,
-                Some(3),
             ),
             Fuse::Norm { .. } => (
                 &self.k.mvqsn,
                 Some((&self.k.mvqpn, FusedLaunch::Staged)),
                 Some(&self.k.mvfn),
-                Some(0),
             ),
             Fuse::Residual => (
                 &self.k.mvqsr,
                 Some((&self.k.mvqa, FusedLaunch::Preload)),
                 Some(&self.k.mvfr),
-                Some(4),
             ),
             // No float version: the act_mul launch stays.
             Fuse::NormGlu { .. } => (
                 &self.k.mvqsg,
                 Some((&self.k.mvqpg, FusedLaunch::Staged)),
                 None,
-                Some(1),
             ),
         };
-        let short = |f| fam.map_or(f, |fam| self.short_rows(fam, mat, f));
+        // The GLU kernel's short-row version (pre-norm layers).
+        let short = |f| match fuse {
+            Fuse::NormGlu { post, .. } if !post.is_some() => short_slot(mat.kernel, mat.cols)
+                .and_then(|i| self.k.mvqsg_short[mat.kernel][i])
+                .unwrap_or(f),
+            _ => f,
+        };
         if let Some(f) = self.streaming(streaming, mat, 1) {
             return Some((f, FusedLaunch::Staged));
         }
@@ -2950,7 +2946,7 @@ impl CudaBackend {
             // The streaming residual kernel where there is one (`mvqpr`).
             if let (Fuse::Residual, Some(f)) = (fuse, self.k.mvqpr[mat.kernel]) {
                 if mat.cols <= MVQS_COLS && !narrow {
-                    return Some((short(f), FusedLaunch::Staged));
+                    return Some((f, FusedLaunch::Staged));
                 }
             }
             let [plain, two] = preload.map_or([None; 2], |(t, _)| t[mat.kernel]);
@@ -2962,29 +2958,6 @@ impl CudaBackend {
         float?[mat.kernel]
             .filter(|_| aligned16 && self.mv_path(1))
             .map(|f| (f, FusedLaunch::Float))
-    }
-
-    /// `f` (a staged kernel of family `fam` for `mat`: `mvqs{v}{U}_*`), or
-    /// its version taking [`mvqs_rows`] rows a chunk where `mat`'s rows are
-    /// that short and it has one.
-    fn short_rows(
-        &self,
-        fam: usize,
-        mat: &DMat,
-        f: cudarc::driver::sys::CUfunction,
-    ) -> cudarc::driver::sys::CUfunction {
-        let Some((_, _, u)) = mvqp_fused_types()
-            .into_iter()
-            .find(|&(id, _, _)| id == mat.kernel)
-        else {
-            return f;
-        };
-        let slot = match mvqs_rows(u, mat.cols) {
-            2 => 0,
-            4 => 1,
-            _ => return f,
-        };
-        self.k.mvqs_short[fam][mat.kernel][slot].unwrap_or(f)
     }
 
     /// Whether every decode layer can run with [`CudaOptions::fuse_norm`]:
@@ -3098,19 +3071,10 @@ impl CudaBackend {
             return Ok(false);
         };
         // The short-row version by its first matrix's rows a chunk.
-        let u = mvqp_fused_types()
-            .into_iter()
-            .find(|&(id, _, _)| id == a.kernel)
-            .map_or(0, |(_, _, u)| u);
-        let slot = match mvqs_rows(u, a.cols) {
-            2 => Some(0),
-            4 => Some(1),
-            _ => None,
-        };
         let f = mvqsnp_types()
             .iter()
             .position(|(ids, _)| *ids == pair)
-            .zip(slot)
+            .zip(short_slot(a.kernel, a.cols))
             .and_then(|(k, i)| self.k.mvqsnp_short[k][i])
             .unwrap_or(f);
         // Only where each matrix alone would take its staged kernel.
@@ -4777,6 +4741,29 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_rows_cover_a_row_with_their_units() {
+        // Four units a lane (Q5_0): SmolLM2-135M's 576 and SmolLM2-360M's
+        // 960 columns four rows a chunk, Gemma's 1,152 and 2,048 two, wider
+        // rows one; two a lane (the pairs' Q8_0): 576 two.
+        for (u, cols, r) in [
+            (4, 576, 4),
+            (4, 960, 4),
+            (4, 1024, 4),
+            (4, 1152, 2),
+            (4, 2048, 2),
+            (4, 2080, 1),
+            (4, 4096, 1),
+            (2, 576, 2),
+            (2, 1152, 1),
+            (1, 64, 1),
+        ] {
+            assert_eq!(mvqs_rows(u, cols), r, "{u} units a lane, {cols} columns");
+            // A lane's U / R units of each row cover it.
+            assert!(cols / 32 <= 32 * (u / r));
+        }
+    }
 
     #[test]
     fn glu_grid_fits_the_kernels_ranges() {
