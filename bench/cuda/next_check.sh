@@ -80,6 +80,12 @@ same_logits() {
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp -n $((3 * 24 * 128256 * 4)) /tmp/a.bin /tmp/b.bin
 }
+# The fixtures with cuda_check (the branch's), $1 seconds at most (default 200): the summary
+# and the first failures; the whole report in $OUT/checks.txt.
+fixtures() {
+  timeout ${1:-200} /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+}
 # $NCU: Nsight Compute's command line, or the mode ends here without it.
 need_ncu() {
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -185,8 +191,7 @@ knobs)
 plain)
   # NOTES.md item 73: the plain streaming kernel's form and block by row width (fuse_norm off;
   # the fused kernels are unchanged, so fused logits and speed must equal main's).
-  timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  fixtures
   for S in Llama-3.2-1B Llama-3.1-8B; do /tmp/kiln synth $S /tmp/pl-$S --types q4_0 > /dev/null 2>&1; done; date -u +%T
   for S in Llama-3.2-1B Llama-3.1-8B; do for v in 1 0; do
     KILN_CUDA_FUSE_NORM=$v same_logits /tmp/pl-$S/model-q4_0.gguf && echo "$S q4_0 fuse_norm=$v: branch = main, bit for bit"
@@ -402,8 +407,7 @@ wide)
   # against the sliced kernels), 1B logits against main's (not bit for bit: another order of
   # sums), tg256 main / wide to 256 (default) / 512 / 128, timelines.
   /tmp/kiln synth Llama-3.2-1B /tmp/pb1 --types q4_0,q4_k_m,q8_0 > /dev/null 2>&1 &
-  timeout 300 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  fixtures 300
   grep -E 'wide' $OUT/checks.txt | head -20
   wait; date -u +%T
   for t in hf q4_0; do
@@ -509,8 +513,7 @@ short)
   # alternated, two rounds.
   SR=${SR_TYPES:-q4_k_m q5_0}; SRS=${SR_SHAPES:-SmolLM2-135M SmolLM2-360M Gemma-3-1B}
   if [ "${SR_FIX:-1}" = 1 ]; then
-    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+    fixtures
   fi
   for S in $SRS; do /tmp/kiln synth $S /tmp/sr-$S --types $(gguf_types $SR) > /dev/null 2>&1; done; date -u +%T
   # SR_BITS=0: no logits comparison; $SR_ROUNDS: tg256 rounds (default 2).
@@ -537,8 +540,7 @@ flat)
   SMALL=${FL_SMALL:-SmolLM2-135M Gemma-3-1B}
   # FL_FIX=0: no fixtures (a change whose logits are compared with main's, bit for bit).
   if [ "${FL_FIX:-1}" = 1 ]; then
-    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+    fixtures
   fi
   SHAPES=$(echo Llama-3.2-1B Llama-3.1-8B $SMALL | tr ' ' '\n' | awk '!s[$0]++')
   for S in $SHAPES; do /tmp/kiln synth $S /tmp/fl-$S --types $(gguf_types $FL) > /dev/null 2>&1; done; date -u +%T

@@ -521,16 +521,27 @@ fn mvqs_rows(u: usize, cols: usize) -> usize {
     r
 }
 
-/// The short-row tables' slot ([R = 2, R = 4]) for a matrix of kernel-table
-/// index `id` (one of [`mvqp_fused_types`]) and `cols` columns; None where
-/// it keeps one row a chunk.
+/// The rows a chunk the short-row kernels are built for (`x{R}` in their
+/// names), in the order of their tables' slots.
+const MVQS_SHORT_ROWS: [usize; 2] = [2, 4];
+
+/// The short-row tables' slot for a matrix of kernel-table index `id` (one
+/// of [`mvqp_fused_types`]) and `cols` columns; None where it keeps one row
+/// a chunk.
 fn short_slot(id: usize, cols: usize) -> Option<usize> {
     let (_, _, u) = mvqp_fused_types().into_iter().find(|&(t, _, _)| t == id)?;
-    match mvqs_rows(u, cols) {
-        2 => Some(0),
-        4 => Some(1),
-        _ => None,
-    }
+    let r = mvqs_rows(u, cols);
+    MVQS_SHORT_ROWS.iter().position(|&s| s == r)
+}
+
+/// A two-matrix norm-staging kernel (`mvqsnp_*`): the kernel-table indices
+/// of its matrices, the kernel, and its short-row versions by
+/// [`MVQS_SHORT_ROWS`] slot where the first type has them.
+#[derive(Clone, Copy)]
+struct NormPair {
+    ids: (usize, usize),
+    f: cudarc::driver::sys::CUfunction,
+    short: [Option<cudarc::driver::sys::CUfunction>; 2],
 }
 
 /// How a [`CudaBackend::fused_kernel`] launches.
@@ -1177,12 +1188,10 @@ struct Kernels {
     mvqpr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     /// Two matrices of different types under one staged norm
     /// ([`mvqsnp_types`]).
-    mvqsnp: Vec<((usize, usize), cudarc::driver::sys::CUfunction)>,
+    mvqsnp: Vec<NormPair>,
     /// Short-row versions ([`mvqs_rows`]) of `mvqpg`'s staged kernels by
-    /// kernel-table index, and of the pairs in [`mvqsnp_types`]' order: [R
-    /// = 2, R = 4].
+    /// kernel-table index and [`MVQS_SHORT_ROWS`] slot.
     mvqsg_short: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
-    mvqsnp_short: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// `mvqsn` doing act_mul's work too ([`Fuse::NormGlu`]: `mvqsg*`),
     /// and `mvqpn`'s the same way.
     mvqsg: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
@@ -1371,21 +1380,23 @@ impl Kernels {
         }
         // A/B switch: `$KILN_CUDA_SHORT_ROWS=0` keeps one row a chunk.
         let short = std::env::var("KILN_CUDA_SHORT_ROWS").map_or(true, |v| v != "0");
+        let has_short = |id: usize| short && mvqs_short_types().contains(&id);
+        // A type's short-row versions of the kernel named `name(R)`.
+        let short_fns = |gpu: &mut Gpu,
+                         id: usize,
+                         name: &dyn Fn(usize) -> String|
+         -> CuResult<[Option<_>; 2]> {
+            let mut fs = [None; 2];
+            if has_short(id) {
+                for (f, r) in fs.iter_mut().zip(MVQS_SHORT_ROWS) {
+                    *f = Some(gpu.func(&name(r))?);
+                }
+            }
+            Ok(fs)
+        };
         let mut mvqsg_short = vec![[None; 2]; 64];
-        let mut mvqsnp_short = vec![[None; 2]; mvqsnp_types().len()];
         for (id, n, u) in mvqp_fused_types() {
-            if short && mvqs_short_types().contains(&id) {
-                for (i, r) in [2, 4].into_iter().enumerate() {
-                    mvqsg_short[id][i] = Some(gpu.func(&format!("mvqsg{u}x{r}_{n}"))?);
-                }
-            }
-        }
-        for (k, ((a, _), n)) in mvqsnp_types().into_iter().enumerate() {
-            if short && mvqs_short_types().contains(&a) {
-                for (i, r) in [2, 4].into_iter().enumerate() {
-                    mvqsnp_short[k][i] = Some(gpu.func(&format!("mvqsnpx{r}_{n}"))?);
-                }
-            }
+            mvqsg_short[id] = short_fns(gpu, id, &|r| format!("mvqsg{u}x{r}_{n}"))?;
         }
         // A/B switch: a kernel for each matrix instead.
         let mvqsnp = if std::env::var("KILN_CUDA_PAIR").is_ok_and(|v| v == "0") {
@@ -1393,7 +1404,11 @@ impl Kernels {
         } else {
             mvqsnp_types()
                 .into_iter()
-                .map(|(ids, n)| Ok((ids, gpu.func(&format!("mvqsnp_{n}"))?)))
+                .map(|(ids, n)| {
+                    let short = short_fns(gpu, ids.0, &|r| format!("mvqsnpx{r}_{n}"))?;
+                    let f = gpu.func(&format!("mvqsnp_{n}"))?;
+                    Ok(NormPair { ids, f, short })
+                })
                 .collect::<CuResult<Vec<_>>>()?
         };
         Ok(Kernels {
@@ -1425,7 +1440,6 @@ impl Kernels {
             mvqpr,
             mvqsnp,
             mvqsg_short,
-            mvqsnp_short,
             mvqsg,
             mvqpg,
             mvqsnq,
@@ -3067,15 +3081,12 @@ impl CudaBackend {
             return Ok(false);
         };
         let pair = (a.kernel, b.kernel);
-        let Some(&(_, f)) = self.k.mvqsnp.iter().find(|(ids, _)| *ids == pair) else {
+        let Some(&NormPair { f, short, .. }) = self.k.mvqsnp.iter().find(|p| p.ids == pair) else {
             return Ok(false);
         };
         // The short-row version by its first matrix's rows a chunk.
-        let f = mvqsnp_types()
-            .iter()
-            .position(|(ids, _)| *ids == pair)
-            .zip(short_slot(a.kernel, a.cols))
-            .and_then(|(k, i)| self.k.mvqsnp_short[k][i])
+        let f = short_slot(a.kernel, a.cols)
+            .and_then(|i| short[i])
             .unwrap_or(f);
         // Only where each matrix alone would take its staged kernel.
         let staged = |m: &DMat| {
