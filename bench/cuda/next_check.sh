@@ -30,7 +30,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
-#   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: Gemma-3-1B logits, tg256
+#   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -508,19 +508,26 @@ peers)
   done ;;
 w256)
   # NOTES.md item 110: the wide decode attention at head dim 256 (branch wide256: Gemma 3's
-  # short steps in one slice, no global merge) against main's sliced kernel: Gemma-3-1B
-  # logits against main's (the merge order differs: logits_diff, four blocks), then tg256
-  # p16 main / branch (8 warps) / branch at 16 warps (KILN_CUDA_ATT_WIDE_WARPS), q4_k_m and
-  # bf16.
-  /tmp/kiln synth Gemma-3-1B /tmp/w2 --types q4_k_m > /dev/null 2>&1; date -u +%T
-  /tmp/cc_a --logits /tmp/w2/model-q4_k_m.gguf "$IDS" /tmp/a.bin > /dev/null 2>&1
-  /tmp/cc --logits /tmp/w2/model-q4_k_m.gguf "$IDS" /tmp/b.bin > /dev/null 2>&1
-  python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 262144 4
-  for r in 1 2; do for m in model-q4_k_m.gguf hf; do
-    echo "$m main $(/tmp/kiln_a bench /tmp/w2/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-    echo "$m wide8 $(/tmp/kiln bench /tmp/w2/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-    echo "$m wide16 $(KILN_CUDA_ATT_WIDE_WARPS=16 /tmp/kiln bench /tmp/w2/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; date -u +%T ;;
+  # short steps in one slice of 16 warps, no global merge) against main's sliced kernel:
+  # fixtures (W_FIX=0 skips them; cuda_check's wide-attention rows now take head dim 256),
+  # Gemma-3-1B logits against main's (the merge order differs: logits_diff's four blocks),
+  # then tg256 main / branch, two rounds, from 16 positions and from 512 (past the wide bound:
+  # the same kernels).
+  if [ "${W_FIX:-1}" = 1 ]; then
+    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ|wide' $OUT/checks.txt | head -12
+  fi
+  /tmp/kiln synth Gemma-3-1B /tmp/w2 --types q4_k_m,q4_0,q8_0 > /dev/null 2>&1; date -u +%T
+  for m in model-q4_k_m.gguf hf; do
+    /tmp/cc_a --logits /tmp/w2/$m "$IDS" /tmp/a.bin > /dev/null 2>&1
+    /tmp/cc --logits /tmp/w2/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    echo "$m: main against branch"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 262144 4
+  done
+  for r in 1 2; do for m in model-q4_k_m.gguf hf model-q4_0.gguf model-q8_0.gguf; do for p in 16 512; do
+    for b in kiln_a kiln; do
+      echo "$m p$p $b $(/tmp/$b bench /tmp/w2/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
+    done
+  done; done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is

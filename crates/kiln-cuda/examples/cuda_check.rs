@@ -1268,9 +1268,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     ] {
         layout_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
     }
-    // The wide decode attention (head dims 64 and 128): Q8_0 O weights (it
-    // writes their 8-bit input), float (its L2-window kernels), a group of
-    // 7, an f16 cache.
+    // The wide decode attention (head dims 64, 128 and 256): Q8_0 O weights
+    // (it writes their 8-bit input), float (its L2-window kernels up to
+    // 128), a group of 7, an f16 cache.
     for (ty, hd, heads, f16) in [
         (GgmlType::Q8_0, 64, None, false),
         (GgmlType::F16, 64, None, false),
@@ -1279,6 +1279,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::Q8_0, 128, None, false),
         (GgmlType::F16, 128, None, false),
         (GgmlType::Q8_0, 128, None, true),
+        (GgmlType::Q8_0, 256, None, false),
+        (GgmlType::F16, 256, None, false),
+        (GgmlType::Q8_0, 256, None, true),
     ] {
         layout_check(&mut rows, ty, hd, heads, f16, Layout::Wide);
     }
@@ -1364,6 +1367,8 @@ fn synth_llama_hd(
 ) -> Result<Model, String> {
     let (hid, q, kv, inter, vocab) = match hd {
         128 => (1024usize, 8usize, 2usize, 2048usize, 32_000usize),
+        // Gemma 3 1B's heads (4 / 1 of 256 on 1,152 values), Llama's layers.
+        256 => (1152, 4, 1, 2048, 32_000),
         _ => (2048, 32, 8, 8192, 128_256),
     };
     let (heads, kv_heads) = heads.unwrap_or((q, kv));
@@ -1382,6 +1387,8 @@ fn synth_llama_hd(
     );
     w.set(format!("{a}.feed_forward_length"), Value::U32(inter as u32));
     w.set(format!("{a}.context_length"), Value::U32(131_072));
+    w.set(format!("{a}.attention.key_length"), Value::U32(hd as u32));
+    w.set(format!("{a}.attention.value_length"), Value::U32(hd as u32));
     w.set(format!("{a}.vocab_size"), Value::U32(vocab as u32));
     w.set(format!("{a}.rope.freq_base"), Value::F32(500_000.0));
     w.set(

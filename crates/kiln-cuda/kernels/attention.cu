@@ -732,7 +732,7 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
 // so logits round apart (cuda_check's grouped rows). backend.rs
 // att_head_blocks must agree.
 // WN: warps a block, when not ATT_DEC_WARPS (the wide kernels, one slice,
-// att_wide_merge: 32 for head dims up to 64, 16 up to 128, 8 or 16 up to 256).
+// att_wide_merge: 32 for head dims up to 64, 16 up to 128 and up to 256).
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
@@ -745,7 +745,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                u64 pfnb = 0) {
     constexpr int W = WN > 0 ? WN : ATT_DEC_WARPS(DPL, G);
     static_assert(W >= G, "a warp per head for the merges");
-    static_assert(WN == 0 || ((WN == 32 || WN == 16 || WN == 8) && G == 1 && !CLU), "wide blocks: 32, 16 or 8 warps, one head");
+    static_assert(WN == 0 || ((WN == 32 || WN == 16) && G == 1 && !CLU), "wide blocks: 32 or 16 warps, one head");
     __shared__ float sm[G][W], sl[G][W];
     __shared__ float sacc[G][W][DPL * 32];
     __shared__ int last;
@@ -1132,8 +1132,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 // (att_wide_merge). Fused only, and with an L2 window (FL). Head dims up to
 // 64: 32 warps at 64 registers, as the one-head blocks of 8 warps; up to
 // 128: 16 warps, 128 registers (DPL 4's rows do not fit 64); up to 256
-// (Gemma 3): 8 warps at 139 registers or 16 at 128 (a few bytes spilled),
-// without the window version (no float O takes one at that head dim).
+// (Gemma 3): 16 warps, 128 registers (16-40 bytes spilled; 8 warps at 139
+// without spills lost 9% at Gemma-3-1B Q4_K_M, NOTES.md item 110), without
+// the window version (no float O takes one at that head dim).
 #define ATTENTION_WIDE_F(F, KV, DPL, WN)                                                               \
     extern "C" __global__ void __launch_bounds__(32 * WN, 1) F(ATT_F_PARAMS(KV)) {                    \
         attention_impl<KV, DPL, true, false, false, 1, WN>(ATT_F_ARGS);                                \
@@ -1463,8 +1464,7 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
     ATTENTION(attention_dg4##S, attention_fg4##S, 4, false, T, 4)  \
     ATTENTION_WIDE(attention_fw2##S, attention_flw2##S, T, 2, 32)  \
     ATTENTION_WIDE(attention_fw4##S, attention_flw4##S, T, 4, 16)  \
-    ATTENTION_WIDE_F(attention_fw8##S, T, 8, 8)                    \
-    ATTENTION_WIDE_F(attention_fw8w##S, T, 8, 16)                  \
+    ATTENTION_WIDE_F(attention_fw8##S, T, 8, 16)                   \
     ATTENTION_L2W(attention_fl2##S, 2, false, T, 1)                \
     ATTENTION_L2W(attention_fl4##S, 4, false, T, 1)                \
     ATTENTION_L2W(attention_cfl4##S, 4, true, T, 1)                \

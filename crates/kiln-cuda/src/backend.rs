@@ -768,7 +768,7 @@ enum AttReach {
     /// heads of a KV group (`attention_*g*`).
     Long = 2,
     /// Few tokens, every position below `att_wide_ctx`: a block of 32 (head
-    /// dim 64), 16 (128) or 8 (256) warps per query head, one slice
+    /// dim 64) or 16 (128, 256) warps per query head, one slice
     /// (`attention_fw*` / `flw*`).
     Wide = 3,
 }
@@ -1248,9 +1248,9 @@ struct Kernels {
     /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
     /// `attention_flw2` / `flw4`.
     attention_wide: [[cudarc::driver::sys::CUfunction; 2]; 2],
-    /// The same for head dims up to 256 (Gemma 3), 8 and 16 warps:
-    /// `attention_fw8` / `fw8w` (no window version).
-    attention_wide256: [cudarc::driver::sys::CUfunction; 2],
+    /// The same for head dims up to 256 (Gemma 3): `attention_fw8` (no
+    /// window version: no float O takes one at that head dim).
+    attention_wide256: cudarc::driver::sys::CUfunction,
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -1494,7 +1494,7 @@ impl Kernels {
                 [kvf(gpu, "attention_fw2")?, kvf(gpu, "attention_flw2")?],
                 [kvf(gpu, "attention_fw4")?, kvf(gpu, "attention_flw4")?],
             ],
-            attention_wide256: [kvf(gpu, "attention_fw8")?, kvf(gpu, "attention_fw8w")?],
+            attention_wide256: kvf(gpu, "attention_fw8")?,
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -1752,10 +1752,6 @@ pub struct CudaBackend {
     /// Steps of up to `att_wide_tokens` tokens below this position take the
     /// wide decode attention ([`AttReach::Wide`]; 0: never).
     att_wide_ctx: usize,
-    /// Warps a block of the wide decode attention at head dims past 128: 8
-    /// (`attention_fw8`) unless `$KILN_CUDA_ATT_WIDE_WARPS` is 16
-    /// (`attention_fw8w`).
-    att_wide256_warps: usize,
     /// ATT_WIDE_TOKENS, or `$KILN_CUDA_ATT_WIDE_TOKENS`.
     att_wide_tokens: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
@@ -2709,11 +2705,6 @@ impl CudaBackend {
             att_cluster_ctx,
             att_group_ctx,
             att_wide_ctx,
-            att_wide256_warps: if env_parse::<usize>("KILN_CUDA_ATT_WIDE_WARPS") == Some(16) {
-                16
-            } else {
-                8
-            },
             att_wide_tokens: env_parse("KILN_CUDA_ATT_WIDE_TOKENS").unwrap_or(ATT_WIDE_TOKENS),
             att_gqa_min: if opts.invariant {
                 usize::MAX
@@ -4229,21 +4220,16 @@ impl CudaBackend {
                 // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
                 // head dim 128: Q4_0 467 -> 462-465 without the cluster).
                 if reach == AttReach::Wide && fused && gqa.is_none() && n <= self.att_split_tokens {
-                    // 32 warps for head dims up to 64, 16 up to 128, 8 (or
-                    // 16: `att_wide256_warps`) up to 256 (attention.cu
-                    // ATTENTION_WIDE).
-                    let (f, warps) = if dpl < 2 {
-                        (self.k.attention_wide[dpl][usize::from(l2w)], 32 >> dpl)
+                    // 32 warps for head dims up to 64, 16 up to 128 and up to
+                    // 256 (attention.cu ATTENTION_WIDE).
+                    let f = if dpl < 2 {
+                        self.k.attention_wide[dpl][usize::from(l2w)]
                     } else {
-                        let w = self.att_wide256_warps;
-                        (self.k.attention_wide256[usize::from(w == 16)], w)
+                        self.k.attention_wide256
                     };
-                    self.gpu.launch(
-                        f,
-                        (d.n_heads as u32, n as u32, 1),
-                        32 * warps as u32,
-                        args.get(),
-                    )?;
+                    let warps = if dpl == 0 { 32 } else { 16 };
+                    self.gpu
+                        .launch(f, (d.n_heads as u32, n as u32, 1), 32 * warps, args.get())?;
                 } else if reach == AttReach::Short
                     && dpl == 1
                     && gqa.is_none()
