@@ -1133,7 +1133,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 // 64: 32 warps at 64 registers, as the one-head blocks of 8 warps; up to
 // 128: 16 warps, 128 registers (DPL 4's rows do not fit 64); up to 256
 // (Gemma 3): 16 warps, 128 registers (16-40 bytes spilled; 8 warps at 139
-// without spills lost 9% at Gemma-3-1B Q4_K_M, NOTES.md item 110), without
+// without spills read 9% below 16 at Gemma-3-1B Q4_K_M, NOTES.md item 110), without
 // the window version (no float O takes one at that head dim).
 #define ATTENTION_WIDE_F(F, KV, DPL, WN)                                                               \
     extern "C" __global__ void __launch_bounds__(32 * WN, 1) F(ATT_F_PARAMS(KV)) {                    \

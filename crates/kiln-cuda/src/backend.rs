@@ -2610,7 +2610,7 @@ impl CudaBackend {
         };
         // Never with `invariant` (a sequence's logits would depend on what
         // shares its steps); only where decode steps fuse qkv_post (head
-        // dims 64 and 128, causal): other steps would fall back to the
+        // dims 64, 128 and 256, causal): other steps would fall back to the
         // sliced kernels without the cluster merge.
         let att_wide_ctx = if !matches!(d.head_dim, 64 | 128 | 256)
             || !opts.fuse_qkv
