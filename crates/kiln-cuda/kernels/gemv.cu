@@ -1752,7 +1752,27 @@ MVQA(q5_1r, T_Q5_1R)
                                     bias ? bias + rows : nullptr, x, nw, eps, 0, 0, nullptr, nullptr, \
                                     nullptr, blockIdx.x - blocks1, gridDim.x - blocks1);              \
     }
-#define MVQSNP(N1, T1, U1, N2, T2, U2) MVQSNP_R(N1, T1, U1, 1, N2, T2, U2, 1, )
+// The same pair behind a post-norm (POST: Gemma 3's Q|K and V; yp, pw, xo as
+// mvqs_impl's, the post-norm add staged once a block as in mvqsnq; each matrix's
+// block 0 writes xo, the same values). One block an SM, as mvqsnq: at two the staging's
+// post-norm values spill (64 registers, 88-112 bytes).
+#define MVQSNPQ(N1, T1, U1, N2, T2, U2)                                                               \
+    extern "C" __global__ void __launch_bounds__(AN_THREADS, 1)                                       \
+        mvqsnpq_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
+                            const float* bias, const float* nw, float eps, const u8* W2, u64 row_bytes2, \
+                            int rows2, int blocks1, const float* yp, const float* pw, float* xo) {      \
+        if ((int)blockIdx.x < blocks1)                                                                \
+            mvqs_impl<T1, U1, true, false, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
+                                                        bias, x, nw, eps, 0, 0, nullptr, nullptr, nullptr, \
+                                                        blockIdx.x, blocks1, yp, pw, xo);             \
+        else                                                                                          \
+            mvqs_impl<T2, U2, true, false, false, true>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, \
+                                                        y + rows, bias ? bias + rows : nullptr, x, nw, eps, 0, \
+                                                        0, nullptr, nullptr, nullptr, blockIdx.x - blocks1, \
+                                                        gridDim.x - blocks1, yp, pw, xo);             \
+    }
+#define MVQSNP(N1, T1, U1, N2, T2, U2) \
+    MVQSNP_R(N1, T1, U1, 1, N2, T2, U2, 1, ) MVQSNPQ(N1, T1, U1, N2, T2, U2)
 MVQSNP(q4_kr, T_Q4_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_kr, T_Q5_KR, 2, q6_kr, T_Q6_KR, 2)
 MVQSNP(q5_0r, T_Q5_0R, 4, q8_0r, T_Q8_0R, 2)

@@ -535,13 +535,15 @@ fn short_slot(id: usize, cols: usize) -> Option<usize> {
 }
 
 /// A two-matrix norm-staging kernel (`mvqsnp_*`): the kernel-table indices
-/// of its matrices, the kernel, and its short-row versions by
-/// [`MVQS_SHORT_ROWS`] slot where the first type has them.
+/// of its matrices, the kernel, its short-row versions by
+/// [`MVQS_SHORT_ROWS`] slot where the first type has them, and its version
+/// behind a post-norm (`mvqsnpq_*`, [`Post`]).
 #[derive(Clone, Copy)]
 struct NormPair {
     ids: (usize, usize),
     f: cudarc::driver::sys::CUfunction,
     short: [Option<cudarc::driver::sys::CUfunction>; 2],
+    post: cudarc::driver::sys::CUfunction,
 }
 
 /// How a [`CudaBackend::fused_kernel`] launches.
@@ -1410,7 +1412,13 @@ impl Kernels {
                 .map(|(ids, n)| {
                     let short = short_fns(gpu, ids.0, &|r| format!("mvqsnpx{r}_{n}"))?;
                     let f = gpu.func(&format!("mvqsnp_{n}"))?;
-                    Ok(NormPair { ids, f, short })
+                    let post = gpu.func(&format!("mvqsnpq_{n}"))?;
+                    Ok(NormPair {
+                        ids,
+                        f,
+                        short,
+                        post,
+                    })
                 })
                 .collect::<CuResult<Vec<_>>>()?
         };
@@ -3070,28 +3078,32 @@ impl CudaBackend {
     }
 
     /// A two-matrix projection's one-token product under a fused norm as
-    /// one launch (`mvqsnp_*`), where a kernel takes the pair of types;
-    /// false: the caller launches a kernel per matrix.
+    /// one launch (`mvqsnp_*`, `mvqsnpq_*` behind a post-norm), where a
+    /// kernel takes the pair of types; false: the caller launches a kernel
+    /// per matrix.
     fn mm_norm_pair(&self, p: &Proj, x: u64, y: u64, fuse: Fuse) -> CuResult<bool> {
-        let Fuse::Norm {
-            w: nw,
-            eps,
-            post: Post::NONE,
-        } = fuse
-        else {
+        let Fuse::Norm { w: nw, eps, post } = fuse else {
             return Ok(false);
         };
         let [(a, _), (b, _)] = p.parts.as_slice() else {
             return Ok(false);
         };
         let pair = (a.kernel, b.kernel);
-        let Some(&NormPair { f, short, .. }) = self.k.mvqsnp.iter().find(|p| p.ids == pair) else {
+        let Some(&NormPair {
+            f, short, post: fq, ..
+        }) = self.k.mvqsnp.iter().find(|p| p.ids == pair)
+        else {
             return Ok(false);
         };
-        // The short-row version by its first matrix's rows a chunk.
-        let f = short_slot(a.kernel, a.cols)
-            .and_then(|i| short[i])
-            .unwrap_or(f);
+        // The short-row version by its first matrix's rows a chunk (pre-norm
+        // layers: behind a post-norm they lost, NOTES.md item 109).
+        let f = if post.is_some() {
+            fq
+        } else {
+            short_slot(a.kernel, a.cols)
+                .and_then(|i| short[i])
+                .unwrap_or(f)
+        };
         // Only where each matrix alone would take its staged kernel.
         let staged = |m: &DMat| {
             self.fused_kernel(m, fuse)
@@ -3128,8 +3140,11 @@ impl CudaBackend {
             Arg::I(b.rows as i32),
             Arg::I(blocks_a as i32),
         ];
+        let post_args = [Arg::P(post.y), Arg::P(post.w), Arg::P(post.xo)];
+        let tail: &[Arg] = if post.is_some() { &post_args } else { &[] };
         let grid = (blocks_a + blocks_b) as u32;
-        self.gpu.launch(f, (grid, 1, 1), MVQS_THREADS, &args)?;
+        let args = ArgList::of(&[&args, tail]);
+        self.gpu.launch(f, (grid, 1, 1), MVQS_THREADS, args.get())?;
         Ok(true)
     }
 
