@@ -30,6 +30,7 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
+#   bash bench/cuda/next_check.sh ppair    # Gemma's QKV pair behind a post-norm (kiln) and the GLU's late launch (kiln_c) vs main
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -526,6 +527,24 @@ w256)
   for r in 1 2; do for m in model-q4_k_m.gguf hf model-q4_0.gguf model-q8_0.gguf; do for p in 16 512; do
     for b in kiln_a kiln; do
       echo "$m p$p $b $(/tmp/$b bench /tmp/w2/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
+    done
+  done; done; done; date -u +%T ;;
+ppair)
+  # NOTES.md item 111: the QKV pair behind a post-norm (kiln / cc: branch post-pair, Gemma 3's
+  # Q|K and Q8_0 V in one mvqsnpq launch) and the post-norm GLU kernel's late launch of the down
+  # product (kiln_c: branch post-late) against main (kiln_a / cc_a): fixtures (PP_FIX=0 skips
+  # them), Gemma-3-1B logits main's bit for bit (whole files: its vocabulary is 262,144), tg256
+  # alternated from 16 and 512 positions, two rounds.
+  [ "${PP_FIX:-1}" = 1 ] && fixtures
+  /tmp/kiln synth Gemma-3-1B /tmp/pp --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
+  for m in model-q4_k_m.gguf model-q4_0.gguf hf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    /tmp/cc_a --logits /tmp/pp/$m "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits /tmp/pp/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    cmp /tmp/a.bin /tmp/b.bin && echo "$m: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
+  done
+  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf hf; do for p in 16 512; do
+    for b in ${PP_BINS:-kiln_a kiln kiln_c}; do
+      echo "$m p$p $b $(/tmp/$b bench /tmp/pp/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
     done
   done; done; done; date -u +%T ;;
 short)
