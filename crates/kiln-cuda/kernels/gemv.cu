@@ -1283,8 +1283,12 @@ __device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* s
     for (int k = 0; k < AN_V; k++) {
         int i = threadIdx.x + k * AN_THREADS;
         bool in = i < cols;
-        xv[k] = in ? x[i] : 0.0f;
-        yv[k] = in ? yp[i] : 0.0f;
+        // x and y are the kernels before this one's writes: coherent loads (ld.global.cg).
+        // Through the read-only path (what `const __restrict__` gives) ptxas may issue them
+        // above the PDL wait, as it did in mvqsgq4_q4_0r once no launch_dependents followed
+        // the wait (NOTES.md item 111: the tiny Gemma's decode wrong).
+        xv[k] = in ? __ldcg(x + i) : 0.0f;
+        yv[k] = in ? __ldcg(yp + i) : 0.0f;
         wv[k] = in ? pw[i] : 0.0f;
     }
     double s = 0.0;
@@ -1514,7 +1518,18 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     load_gw();
-    PDL_ENTRY();
+    // Behind a post-norm the GLU kernel lets the down product (there the plain mvq kernel, a
+    // block per 8 rows) launch only once its rows are done: launched at the wait, the down's
+    // blocks take the SMs a gate|up block left half free (Gemma-3-1B: 144 blocks on ~46 SMs)
+    // and keep them (with the QKV pair behind a post-norm: Gemma-3-1B Q4_K_M tg256 +4.7%, Q4_0
+    // +1.1%). Pre-norm layers keep the early launch: their resident-grid down preloads under
+    // the gate|up (every GLU late: Llama-3.1-8B -2.9% / -4.6%; NOTES.md item 111). Without the
+    // launch_dependents after the wait, ptxas may issue read-only loads above the wait: the
+    // staging's x and y are __ldcg loads for it (stage_post_norm_xq).
+    if (GLU && POST)
+        pdl_wait();
+    else
+        PDL_ENTRY();
     stage();
     float acc = 0.0f;
     int u0 = lane;
@@ -1545,6 +1560,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         r = rn;
     }
+    if (GLU && POST) pdl_launch();
     tl_mark(2);
 }
 
