@@ -31,6 +31,7 @@
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh ppair    # Gemma's QKV pair behind a post-norm (kiln) and the GLU's late launch (kiln_c) vs main
+#   bash bench/cuda/next_check.sh pcg      # the post-norm GLU's late launch, staging loads coherent, vs main: tiny Gemma vs CPU, bits, tg256, fixtures
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -440,8 +441,10 @@ wide)
 gsplit)
   # NOTES.md item 109: Gemma-3-1B's decode attention (head dim 256: the sliced kernel, slices
   # merged through global memory by the last block) with its slices forced
-  # ($KILN_CUDA_ATT_SPLIT; default 16 at this grid), tg256 from 16 and 512 positions,
-  # q4_k_m and the bf16 folder, two rounds; then stamps of step 40 at split $GS_TL.
+  # ($KILN_CUDA_ATT_SPLIT; default 16 at this grid), tg256 with -p 16 and -p 512 (both tg256
+  # from an empty cache: kiln bench's tgN, as llama-bench's, does not follow the ppN, so the
+  # two are a repeat, not a depth), q4_k_m and the bf16 folder, two rounds; then stamps of
+  # step 40 at split $GS_TL.
   /tmp/kiln synth Gemma-3-1B /tmp/g1 --types q4_k_m > /dev/null 2>&1; date -u +%T
   for r in 1 2; do for m in model-q4_k_m.gguf hf; do for p in 16 512; do for sp in ${GS_SPLITS:-16 8 4 2 1}; do
     echo "$m p$p split=$sp $(KILN_CUDA_ATT_SPLIT=$sp /tmp/kiln bench /tmp/g1/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
@@ -512,8 +515,8 @@ w256)
   # short steps in one slice of 16 warps, no global merge) against main's sliced kernel:
   # fixtures (W_FIX=0 skips them; cuda_check's wide-attention rows now take head dim 256),
   # Gemma-3-1B logits against main's (the merge order differs: logits_diff's four blocks),
-  # then tg256 main / branch, two rounds, from 16 positions and from 512 (past the wide bound:
-  # the same kernels).
+  # then tg256 main / branch, two rounds, with -p 16 and -p 512 (the same test twice: tgN
+  # starts from an empty cache whatever -p is).
   if [ "${W_FIX:-1}" = 1 ]; then
     timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
     grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ|wide' $OUT/checks.txt | head -12
@@ -534,7 +537,8 @@ ppair)
   # Q|K and Q8_0 V in one mvqsnpq launch) and the post-norm GLU kernel's late launch of the down
   # product (kiln_c: branch post-late) against main (kiln_a / cc_a): fixtures (PP_FIX=0 skips
   # them), Gemma-3-1B logits main's bit for bit (whole files: its vocabulary is 262,144), tg256
-  # alternated from 16 and 512 positions, two rounds.
+  # alternated, -p 16 and -p 512 (the same test twice: tgN starts from an empty cache), two
+  # rounds.
   [ "${PP_FIX:-1}" = 1 ] && fixtures
   /tmp/kiln synth Gemma-3-1B /tmp/pp --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
   for m in model-q4_k_m.gguf model-q4_0.gguf hf; do
@@ -547,6 +551,27 @@ ppair)
       echo "$m p$p $b $(/tmp/$b bench /tmp/pp/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
     done
   done; done; done; date -u +%T ;;
+pcg)
+  # NOTES.md item 111: the post-norm GLU's late launch with the staging's x and y loaded
+  # coherently (kiln / cc: branch post-late-cg) against main (kiln_a / cc_a). The tiny Gemma
+  # fixtures' decode against their own CPU rows first (post-late, without __ldcg, was 4-6 off
+  # on q4_0 / q5_0), then Gemma-3-1B logits main's bit for bit, tg256 alternated two rounds,
+  # and the fixtures last.
+  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
+  for t in q4_0 q5_0 q4_1 q8_0; do for c in cc_a cc; do
+    /tmp/$c --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
+    echo "tiny gemma3 $t $c: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
+  done; done
+  /tmp/kiln synth Gemma-3-1B /tmp/pc --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
+  for m in model-q4_k_m.gguf model-q4_0.gguf hf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    /tmp/cc_a --logits /tmp/pc/$m "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits /tmp/pc/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    cmp /tmp/a.bin /tmp/b.bin && echo "$m: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
+  done
+  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln; do
+    echo "$m $b $(/tmp/$b bench /tmp/pc/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T
+  fixtures 130 ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
