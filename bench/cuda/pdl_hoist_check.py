@@ -3,9 +3,12 @@
 `kernel_sass.py` output, per kernel, the read-only-path loads (`LDG.E.CONSTANT`,
 `LDG.E.64.CONSTANT`, ... without `.NA`) before the first ACQBULK. kiln's streaming
 GEMVs preload weights with `.NA` loads and their norm weights with plain `LDG.E`;
-a `.CONSTANT` load without `.NA` above the wait is data a kernel before may still be
-writing, moved there by ptxas (NOTES.md item 111: the post-norm staging's x and y in
-`mvqsgq4_q4_0r` once no launch_dependents followed the wait).
+a `.CONSTANT` load without `.NA` above the wait is either a load-time table read with
+`__ldg` on purpose (the float norm kernels' weights: `mvfn*`'s `gs`, whose address comes
+from the `nw` parameter) or data a kernel before may still be writing, moved there by ptxas
+(NOTES.md item 111: the post-norm staging's x and y in `mvqsgq4_q4_0r` once no
+launch_dependents followed the wait). So it lists candidates: check each one's parameter
+(the `c[0x0][...]` its address is built from, in `kernel_sass.py` without --loads).
 
   python3 bench/cuda/pdl_hoist_check.py SASS.txt
 """
