@@ -1063,6 +1063,15 @@ impl Post {
     fn is_some(self) -> bool {
         self.y != 0
     }
+
+    /// The post-norm kernels' last arguments (y, w, xo); none without one.
+    fn args(self) -> ArgList {
+        if self.is_some() {
+            ArgList::of(&[&[Arg::P(self.y), Arg::P(self.w), Arg::P(self.xo)]])
+        } else {
+            ArgList::of(&[])
+        }
+    }
 }
 
 /// Ranges of 32 gate|up outputs one block of a `mvqsg*` takes at most
@@ -3140,10 +3149,8 @@ impl CudaBackend {
             Arg::I(b.rows as i32),
             Arg::I(blocks_a as i32),
         ];
-        let post_args = [Arg::P(post.y), Arg::P(post.w), Arg::P(post.xo)];
-        let tail: &[Arg] = if post.is_some() { &post_args } else { &[] };
         let grid = (blocks_a + blocks_b) as u32;
-        let args = ArgList::of(&[&args, tail]);
+        let args = ArgList::of(&[&args, post.args().get()]);
         self.gpu.launch(f, (grid, 1, 1), MVQS_THREADS, args.get())?;
         Ok(true)
     }
@@ -3175,8 +3182,8 @@ impl CudaBackend {
             Fuse::Norm { post, .. } | Fuse::NormGlu { post, .. } => post,
             _ => Post::NONE,
         };
-        let post_args = [Arg::P(post.y), Arg::P(post.w), Arg::P(post.xo)];
-        let tail: &[Arg] = if post.is_some() { &post_args } else { &[] };
+        let post_args = post.args();
+        let tail = post_args.get();
         let args = match o.fuse {
             // x: the residual stream in f32.
             Fuse::Norm { w: nw, eps, .. } => {
