@@ -32,6 +32,8 @@
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh ppair    # Gemma's QKV pair behind a post-norm (kiln) and the GLU's late launch (kiln_c) vs main
 #   bash bench/cuda/next_check.sh pcg      # the post-norm GLU's late launch, staging loads coherent, vs main: tiny Gemma vs CPU, bits, tg256, fixtures
+#   bash bench/cuda/next_check.sh pfit     # the staging pair a row a warp where both fit (kiln) vs split by bytes (kiln_a)
+#   bash bench/cuda/next_check.sh pwe      # the post-norm staging's weights before the wait (kiln_p / cuda_check_p) vs main
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -568,6 +570,39 @@ pcg)
     echo "$m $b $(/tmp/$b bench /tmp/pc/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; date -u +%T
   fixtures 130 ;;
+pfit)
+  # NOTES.md item 111: the staging pair's grid a row a warp where the resident grid holds both
+  # matrices (kiln / cc: branch pair-fit) against the split by bytes (kiln_a / cc_a): fixtures
+  # (PF_FIX=0 skips them), logits bit for bit (whole files), tg256 (-p 16) alternated, two
+  # rounds, on $PF_SHAPES' q4_k_m (each a Q4_K / Q6_K or Q5_0 / Q8_0 QKV pair).
+  [ "${PF_FIX:-1}" = 1 ] && fixtures
+  PFS=${PF_SHAPES:-Gemma-3-1B SmolLM2-135M SmolLM2-360M Qwen3-0.6B Llama-3.2-1B}
+  for S in $PFS; do /tmp/kiln synth $S /tmp/pf-$S --types q4_k_m > /dev/null 2>&1; done; date -u +%T
+  for S in $PFS; do same_logits_say /tmp/pf-$S/model-q4_k_m.gguf "$S q4_k_m"; done; date -u +%T
+  for r in 1 2; do for S in $PFS; do for b in kiln_a kiln; do
+    echo "$S q4_k_m $b $(/tmp/$b bench /tmp/pf-$S/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T ;;
+pwe)
+  # NOTES.md Next (after item 111): the post-norm staging's weights loaded before the PDL wait
+  # (kiln_p / cc_p: branch pw-early) against main (kiln_a / cc_a): fixtures with cc_p, the tiny
+  # Gemma's decode against its CPU rows, Gemma-3-1B logits main's bit for bit, tg256 (-p 16)
+  # alternated, two rounds.
+  timeout 200 /tmp/cc_p --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
+  for t in q4_0 q5_0; do
+    /tmp/cc_p --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
+    echo "tiny gemma3 $t: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
+  done
+  /tmp/kiln synth Gemma-3-1B /tmp/pw --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
+  for m in model-q4_k_m.gguf model-q4_0.gguf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    /tmp/cc_a --logits /tmp/pw/$m "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc_p --logits /tmp/pw/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    cmp /tmp/a.bin /tmp/b.bin && echo "$m: pw-early = main, bit for bit"
+  done
+  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln_p; do
+    echo "$m $b $(/tmp/$b bench /tmp/pw/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
