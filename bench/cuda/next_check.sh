@@ -34,6 +34,7 @@
 #   bash bench/cuda/next_check.sh pcg      # the post-norm GLU's late launch, staging loads coherent, vs main: tiny Gemma vs CPU, bits, tg256, fixtures
 #   bash bench/cuda/next_check.sh pfit     # the staging pair a row a warp where both fit (kiln) vs split by bytes (kiln_a)
 #   bash bench/cuda/next_check.sh pwe      # the post-norm staging's weights before the wait (kiln_p / cuda_check_p) vs main
+#   bash bench/cuda/next_check.sh pdlcg    # the staging's predecessor reads as coherent loads (kiln_g / cuda_check_g) vs main
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -79,15 +80,16 @@ pptg_of() { grep -E '^\|.*(pp|tg)' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '
 stg_of() { grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}'; }
 # Whether main's and the branch's cuda_check (cc_a, cc) give model $1 the same logits, bit for
 # bit: prefill, decode and exact decode of 24 tokens (and kiln-cpu's: the whole files, any
-# vocabulary). same_logits_say: the same, saying so with $2 as the model's name.
+# vocabulary; $2: the branch's cuda_check instead of cc). same_logits_say MODEL NAME [CC]: the
+# same, saying so.
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
   rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
-  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
+  /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/${2:-cc} --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp /tmp/a.bin /tmp/b.bin
 }
 same_logits_say() {
-  same_logits $1 && echo "$2: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
+  same_logits $1 ${3:-cc} && echo "$2: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
 }
 # The fixtures with cuda_check (the branch's), $1 seconds at most (default 200): the summary
 # and the first failures; the whole report in $OUT/checks.txt.
@@ -603,6 +605,19 @@ pwe)
   for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln_p; do
     echo "$m $b $(/tmp/$b bench /tmp/pw/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; date -u +%T ;;
+pdlcg)
+  # NOTES.md item 111's Next: the staging's reads of a predecessor's output as coherent loads
+  # (kiln_g / cc_g: branch pdl-cg) against main (kiln_a / cc_a): fixtures with cc_g, logits
+  # main's bit for bit (the same arithmetic, other loads), tg256 (-p 16) alternated, two
+  # rounds, on $PG_SHAPES' $PG_TYPES (hf: the bf16 folder).
+  timeout 200 /tmp/cc_g --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  PGS=${PG_SHAPES:-Llama-3.2-1B SmolLM2-135M Qwen3-0.6B Gemma-3-1B}; PGT=${PG_TYPES:-q4_0 q4_k_m hf}
+  for S in $PGS; do /tmp/kiln synth $S /tmp/pg-$S --types $(gguf_types $PGT) > /dev/null 2>&1; done; date -u +%T
+  for S in $PGS; do for t in $PGT; do same_logits_say $(model_of /tmp/pg-$S $t) "$S $t" cc_g; done; done
+  for r in 1 2; do for S in $PGS; do for t in $PGT; do for b in kiln_a kiln_g; do
+    echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/pg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
