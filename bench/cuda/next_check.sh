@@ -543,7 +543,8 @@ w256)
 ppair)
   # NOTES.md item 111: the QKV pair behind a post-norm (kiln / cc: branch post-pair, Gemma 3's
   # Q|K and Q8_0 V in one mvqsnpq launch) and the post-norm GLU kernel's late launch of the down
-  # product (kiln_c: branch post-late) against main (kiln_a / cc_a): fixtures (PP_FIX=0 skips
+  # product (kiln_c: branch post-late, a wrong build: its staging reads the O's output above
+  # the PDL wait, item 111; main has it fixed) against main (kiln_a / cc_a): fixtures (PP_FIX=0 skips
   # them), Gemma-3-1B logits main's bit for bit (whole files: its vocabulary is 262,144), tg256
   # alternated, -p 16 and -p 512 (the same test twice: tgN starts from an empty cache), two
   # rounds.
