@@ -35,6 +35,7 @@
 #   bash bench/cuda/next_check.sh pfit     # the staging pair a row a warp where both fit (kiln) vs split by bytes (kiln_a)
 #   bash bench/cuda/next_check.sh pwe      # the post-norm staging's weights before the wait (kiln_p / cuda_check_p) vs main
 #   bash bench/cuda/next_check.sh pdlcg    # the staging's predecessor reads as coherent loads (kiln_g / cuda_check_g) vs main
+#   bash bench/cuda/next_check.sh carve    # Gemma-3-1B with $KILN_CUDA_CARVEOUT on the plain GEMVs (main's kiln_a): tg256, stamps
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -619,6 +620,22 @@ pdlcg)
   for r in 1 2; do for S in $PGS; do for t in $PGT; do for b in kiln_a kiln_g; do
     echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/pg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; done; date -u +%T ;;
+carve)
+  # NOTES.md item 111's Next: Gemma-3-1B's gate|up blocks arrive only after the plain O GEMV
+  # (no shared memory) ends; the SMs' L1 / shared split is the suspect. main (kiln_a) with
+  # $KILN_CUDA_CARVEOUT on the plain GEMVs (mvq_ / mvq2_, and mvf_ for the bf16 folder) at
+  # $CV_PCTS percent, tg256 (-p 16) two rounds, then stamps of step 40 at $CV_TL (main's
+  # timeline cubin is in the cache).
+  /tmp/kiln synth Gemma-3-1B /tmp/cv --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
+  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf hf; do for c in none ${CV_PCTS:-35 50 100}; do
+    [ $c = none ] && e="" || e="KILN_CUDA_CARVEOUT=mvq_,mvq2_,mvf_:$c"
+    echo "$m carveout=$c $(env $e /tmp/kiln_a bench /tmp/cv/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T
+  for c in none ${CV_TL:-50}; do
+    [ $c = none ] && e="" || e="KILN_CUDA_CARVEOUT=mvq_,mvq2_,mvf_:$c"
+    env $e KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_cv_${c}_q4_k_m_40.tsv \
+      /tmp/kiln_a bench /tmp/cv/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|carveout $c stamped: |"
+  done ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is

@@ -219,6 +219,12 @@ pub struct Gpu {
     dyn_smem: Vec<(sys::CUfunction, u32)>,
     /// A timeline build's stamp ring ([`Gpu::timeline_reset`]).
     tl_buf: std::cell::RefCell<Option<DevBuf>>,
+    /// The preferred shared-memory carveout (percent) for the kernels whose
+    /// names start with one of the prefixes (`$KILN_CUDA_CARVEOUT=P1,P2:PCT`,
+    /// an A/B knob): an SM runs one L1 / shared split at a time, so a kernel
+    /// without shared memory (Gemma's plain O GEMV) can leave its SMs in a
+    /// split that the next kernel's blocks do not fit until it ends.
+    carveout: Option<(Vec<String>, i32)>,
 }
 
 // SAFETY: the handles are plain driver handles; every use makes the context
@@ -717,6 +723,18 @@ impl Gpu {
             occupancy: std::cell::RefCell::new(Vec::new()),
             dyn_smem: Vec::new(),
             tl_buf: std::cell::RefCell::new(None),
+            carveout: std::env::var("KILN_CUDA_CARVEOUT").ok().and_then(|v| {
+                let (names, pct) = v.rsplit_once(':')?;
+                let pct = pct
+                    .trim()
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|p| (0..=100).contains(p))?;
+                Some((
+                    names.split(',').map(|n| n.trim().to_string()).collect(),
+                    pct,
+                ))
+            }),
         })
     }
 
@@ -739,6 +757,19 @@ impl Gpu {
         }
         let f = find_function(&self.modules, name)
             .ok_or_else(|| CudaError(format!("kernel '{name}' is in no kernel module")))?;
+        if let Some((names, pct)) = &self.carveout {
+            if names.iter().any(|n| name.starts_with(n.as_str())) {
+                // SAFETY: f is a live function of this context; a refusal
+                // leaves the driver's own choice.
+                let _ = unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        *pct,
+                    )
+                };
+            }
+        }
         self.funcs.insert(name.to_string(), f);
         Ok(f)
     }
