@@ -92,11 +92,21 @@ same_logits() {
 same_logits_say() {
   same_logits $1 ${3:-cc} && echo "$2: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
 }
-# The fixtures with cuda_check (the branch's), $1 seconds at most (default 200): the summary
-# and the first failures; the whole report in $OUT/checks.txt.
+# The fixtures with cuda_check (the branch's: $2, default cc), $1 seconds at most (default
+# 200): the summary and the first failures; the whole report in $OUT/checks.txt.
 fixtures() {
-  timeout ${1:-200} /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
+  timeout ${1:-200} /tmp/${2:-cc} --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+}
+# The tiny Gemma fixture's GPU logits against its own kiln-cpu rows (bench/cuda/blocks_vs_cpu.py)
+# with cuda_check $1, for the GGUF types after it: a wrong decode shows without a second build.
+tiny_vs_cpu() {
+  local c=$1 t T; shift
+  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
+  for t in "$@"; do
+    /tmp/$c --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
+    echo "tiny gemma3 $t $c: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
+  done
 }
 # $NCU: Nsight Compute's command line, or the mode ends here without it.
 need_ncu() {
@@ -563,11 +573,7 @@ pcg)
   # fixtures' decode against their own CPU rows first (post-late, without __ldcg, was 4-6 off
   # on q4_0 / q5_0), then Gemma-3-1B logits main's bit for bit, tg256 alternated two rounds,
   # and the fixtures last.
-  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
-  for t in q4_0 q5_0 q4_1 q8_0; do for c in cc_a cc; do
-    /tmp/$c --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
-    echo "tiny gemma3 $t $c: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
-  done; done
+  for c in cc_a cc; do tiny_vs_cpu $c q4_0 q5_0 q4_1 q8_0; done
   /tmp/kiln synth Gemma-3-1B /tmp/pc --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
   for m in model-q4_k_m.gguf model-q4_0.gguf hf; do same_logits_say /tmp/pc/$m $m; done
   for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln; do
@@ -591,19 +597,10 @@ pwe)
   # (kiln_p / cc_p: branch pw-early) against main (kiln_a / cc_a): fixtures with cc_p, the tiny
   # Gemma's decode against its CPU rows, Gemma-3-1B logits main's bit for bit, tg256 (-p 16)
   # alternated, two rounds.
-  timeout 200 /tmp/cc_p --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
-  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
-  for t in q4_0 q5_0; do
-    /tmp/cc_p --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
-    echo "tiny gemma3 $t: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
-  done
+  fixtures 200 cc_p
+  tiny_vs_cpu cc_p q4_0 q5_0
   /tmp/kiln synth Gemma-3-1B /tmp/pw --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
-  for m in model-q4_k_m.gguf model-q4_0.gguf; do
-    rm -f /tmp/a.bin /tmp/b.bin
-    /tmp/cc_a --logits /tmp/pw/$m "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc_p --logits /tmp/pw/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
-    cmp /tmp/a.bin /tmp/b.bin && echo "$m: pw-early = main, bit for bit"
-  done
+  for m in model-q4_k_m.gguf model-q4_0.gguf; do same_logits_say /tmp/pw/$m $m cc_p; done
   for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln_p; do
     echo "$m $b $(/tmp/$b bench /tmp/pw/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; date -u +%T ;;
@@ -612,8 +609,7 @@ pdlcg)
   # (kiln_g / cc_g: branch pdl-cg) against main (kiln_a / cc_a): fixtures with cc_g, logits
   # main's bit for bit (the same arithmetic, other loads), tg256 (-p 16) alternated, two
   # rounds, on $PG_SHAPES' $PG_TYPES (hf: the bf16 folder).
-  timeout 200 /tmp/cc_g --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-  grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
+  fixtures 200 cc_g
   PGS=${PG_SHAPES:-Llama-3.2-1B SmolLM2-135M Qwen3-0.6B Gemma-3-1B}; PGT=${PG_TYPES:-q4_0 q4_k_m hf}
   for S in $PGS; do /tmp/kiln synth $S /tmp/pg-$S --types $(gguf_types $PGT) > /dev/null 2>&1; done; date -u +%T
   for S in $PGS; do for t in $PGT; do same_logits_say $(model_of /tmp/pg-$S $t) "$S $t" cc_g; done; done

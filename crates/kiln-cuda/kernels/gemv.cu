@@ -1442,6 +1442,25 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             }
         }
     };
+    // The PDL wait, and where the next kernel may launch. Behind a post-norm the GLU kernel
+    // lets the down product (there the plain mvq kernel, a block per 8 rows) launch only once
+    // its rows are done: launched at the wait, the down's blocks take the SMs a gate|up block
+    // left half free (Gemma-3-1B: 144 blocks on ~46 SMs) and keep them (with the QKV pair
+    // behind a post-norm: Gemma-3-1B Q4_K_M tg256 +4.7%, Q4_0 +1.1%). Pre-norm layers keep the
+    // early launch: their resident-grid down preloads under the gate|up (every GLU late:
+    // Llama-3.1-8B -2.9% / -4.6%; NOTES.md item 111). Without the launch_dependents after the
+    // wait, ptxas may issue read-only loads above the wait: the staging's x and y are __ldcg
+    // loads for it (stage_post_norm_xq).
+    auto enter = [&]() {
+        if (GLU && POST)
+            pdl_wait();
+        else
+            PDL_ENTRY();
+    };
+    auto leave = [&]() {
+        if (GLU && POST) pdl_launch();
+        tl_mark(2);
+    };
     auto stage = [&]() {
         if (NORM && POST)
             stage_post_norm_xq(sq, sd, ss, (float*)sx, xf, yp, pw, xo, bx == 0, gw, eps, cols);
@@ -1477,7 +1496,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
 #pragma unroll
         for (int i = 0; i < R; i++) yr[i] = res_early<RES>(y, row_at(i), rows, lane);
         load_gw();
-        PDL_ENTRY();
+        enter();
         stage();
         while (row_at(0) < rows) {
             float acc[R];
@@ -1507,7 +1526,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
                 if (ri < rows) finish(acc[i], ri, j - (R - i) * nw, yc[i]);
             }
         }
-        tl_mark(2);
+        leave();
         return;
     }
     if (r < rows) {
@@ -1518,18 +1537,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     load_gw();
-    // Behind a post-norm the GLU kernel lets the down product (there the plain mvq kernel, a
-    // block per 8 rows) launch only once its rows are done: launched at the wait, the down's
-    // blocks take the SMs a gate|up block left half free (Gemma-3-1B: 144 blocks on ~46 SMs)
-    // and keep them (with the QKV pair behind a post-norm: Gemma-3-1B Q4_K_M tg256 +4.7%, Q4_0
-    // +1.1%). Pre-norm layers keep the early launch: their resident-grid down preloads under
-    // the gate|up (every GLU late: Llama-3.1-8B -2.9% / -4.6%; NOTES.md item 111). Without the
-    // launch_dependents after the wait, ptxas may issue read-only loads above the wait: the
-    // staging's x and y are __ldcg loads for it (stage_post_norm_xq).
-    if (GLU && POST)
-        pdl_wait();
-    else
-        PDL_ENTRY();
+    enter();
     stage();
     float acc = 0.0f;
     int u0 = lane;
@@ -1560,8 +1568,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         r = rn;
     }
-    if (GLU && POST) pdl_launch();
-    tl_mark(2);
+    leave();
 }
 
 // The GLU kernel of MVQSN; R > 1: its short-row version (mvqs_impl's R; the host's mvqs_rows).
