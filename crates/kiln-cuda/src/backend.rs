@@ -3121,19 +3121,27 @@ impl CudaBackend {
         if !(staged(a) && staged(b) && a.cols <= MVQS_COLS) {
             return Ok(false);
         }
-        // The resident grid, split in proportion to the matrices' bytes;
-        // neither gets more blocks than a row a warp.
+        // A row a warp for both matrices where that is a block an SM at
+        // most; otherwise the resident grid split in proportion to their
+        // bytes, neither getting more than its rows need. (Split by bytes,
+        // Gemma-3-1B's Q|K got 74 of its 80 blocks and those warps' second
+        // rows ended the launch ~1 µs late; where the blocks share SMs the
+        // split by bytes was faster: NOTES.md item 112.)
         let warps = MVQS_THREADS as usize / 32;
         let (need_a, need_b) = (a.rows.div_ceil(warps), b.rows.div_ceil(warps));
-        let total = self
-            .resident_grid(f, MVQS_THREADS)
-            .min(need_a + need_b)
-            .max(2);
-        let blocks_a = (total * a.bytes())
-            .div_ceil(a.bytes() + b.bytes())
-            .clamp(1, total - 1)
-            .min(need_a);
-        let blocks_b = (total - blocks_a).min(need_b);
+        let (blocks_a, blocks_b) = if need_a + need_b <= self.gpu.info.sms as usize {
+            (need_a, need_b)
+        } else {
+            let total = self
+                .resident_grid(f, MVQS_THREADS)
+                .min(need_a + need_b)
+                .max(2);
+            let blocks_a = (total * a.bytes())
+                .div_ceil(a.bytes() + b.bytes())
+                .clamp(1, total - 1)
+                .min(need_a);
+            (blocks_a, (total - blocks_a).min(need_b))
+        };
         let args = [
             Arg::P(a.ptr()),
             Arg::P(a.row_bytes as u64),
