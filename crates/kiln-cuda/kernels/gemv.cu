@@ -1272,11 +1272,14 @@ __device__ __forceinline__ void stage_norm_xq(int4* sq, float* sd, float* ss, fl
 // that would come before it: x + post_norm(y; pw) (y's f64 sum of squares
 // in add_norm's order, post_add's rounding), written to xo by the blocks
 // with `write` (xo is not x: other blocks may still be reading x), then
-// normalized and quantized. x, y and pw in one round trip after the wait.
+// normalized and quantized. x, y and pw in one round trip after the wait; with
+// PW_EARLY, pw's values are pwe (thread j's j + AN_THREADS * k, as gw), loaded
+// by the caller before the wait.
+template <bool PW_EARLY>
 __device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* ss, float* sx, const float* __restrict__ x,
                                                    const float* __restrict__ yp, const float* __restrict__ pw,
-                                                   float* __restrict__ xo, bool write, const float* gw, float eps,
-                                                   int cols) {
+                                                   const float* pwe, float* __restrict__ xo, bool write,
+                                                   const float* gw, float eps, int cols) {
     __shared__ double part[AN_THREADS / 32];
     float xv[AN_V], yv[AN_V], wv[AN_V];
 #pragma unroll
@@ -1289,7 +1292,7 @@ __device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* s
         // the wait (NOTES.md item 111: the tiny Gemma's decode wrong).
         xv[k] = in ? __ldcg(x + i) : 0.0f;
         yv[k] = in ? __ldcg(yp + i) : 0.0f;
-        wv[k] = in ? pw[i] : 0.0f;
+        wv[k] = PW_EARLY ? pwe[k] : in ? pw[i] : 0.0f;
     }
     double s = 0.0;
 #pragma unroll
@@ -1432,13 +1435,18 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     };
     // The norm weights' loads and the staging as steps too: ptxas schedules
     // this form as NOTES.md item 72 measured it (the inline form differs).
-    float gw[NORM ? AN_V : 1];
+    // Behind a post-norm its weights (pw, a load-time table) too, so that the
+    // staging's round trip after the wait is x and y only; not in the GLU
+    // kernels, which spill at their 64 registers already.
+    constexpr bool PW_EARLY = NORM && POST && !GLU;
+    float gw[NORM ? AN_V : 1], pwv[PW_EARLY ? AN_V : 1];
     auto load_gw = [&]() {
         if (NORM) {
 #pragma unroll
             for (int k = 0; k < AN_V; k++) {
                 int i = threadIdx.x + k * AN_THREADS;
                 gw[k] = i < cols ? normw[i] : 0.0f;
+                if (PW_EARLY) pwv[k] = i < cols ? pw[i] : 0.0f;
             }
         }
     };
@@ -1463,7 +1471,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     };
     auto stage = [&]() {
         if (NORM && POST)
-            stage_post_norm_xq(sq, sd, ss, (float*)sx, xf, yp, pw, xo, bx == 0, gw, eps, cols);
+            stage_post_norm_xq<PW_EARLY>(sq, sd, ss, (float*)sx, xf, yp, pw, pwv, xo, bx == 0, gw, eps, cols);
         else if (NORM)
             stage_norm_xq(sq, sd, ss, (float*)sx, xf, gw, eps, cols);
         else
