@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device verification and A/B of a branch against main, for changes written
 # without a GPU (see crates/kiln-cuda/NOTES.md "Prepared without a device").
-# Build here first (the binaries travel in .device/, untracked):
+# Build here first (the binaries travel in .device/, untracked; bench/cuda/pack_device.sh
+# SUFFIX builds the checkout and packs it so):
 #   .device/kiln.xz, .device/cuda_check.xz      the branch (strip, xz)
 #   .device/kiln_a.xz, .device/cuda_check_a.xz  main
 #   .device/cache/                              both builds' cubins (cuda_check --precompile sm_90: one a kernel module)
