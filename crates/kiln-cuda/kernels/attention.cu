@@ -1425,20 +1425,22 @@ __device__ __forceinline__ void attention_tile_impl(const float* q, int qstride,
                                 tstride, bs, nlg, lig, window, scale, softcap, out, ostride);          \
     }
 
-// One sequence's cached K and V for positions 0..L-1 of layer slot `lig`
-// (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
-// attention. grid-stride; block: 256.
+// One sequence's cached K and V for positions first..first+L-1 of layer slot
+// `lig` (row rowidx[0] of the block tables) as f16, L x kvd each, for the GEMM
+// attention. A sliding-window group releases the blocks its window has left
+// (kiln-core kv.rs: their table entries are NO_BLOCK), so `first` is the first
+// position the chunk's first query sees. grid-stride; block: 256.
 // (From an f16 cache, `gather_kv_half_h`, the values are copied as they are.)
 template <typename KV>
 __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const KV* __restrict__ vc,
                                                const u32* rowidx, const u32* tables, int tstride, int bs,
-                                               int nlg, int lig, int L, int kvd, u16* __restrict__ kh,
-                                               u16* __restrict__ vh) {
+                                               int nlg, int lig, int first, int L, int kvd,
+                                               u16* __restrict__ kh, u16* __restrict__ vh) {
     PDL_ENTRY();
     const u32* table = tables + (u64)rowidx[0] * tstride;
     u64 total = (u64)L * kvd;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        u64 p = i / kvd, e = i % kvd;
+        u64 p = first + i / kvd, e = i % kvd;
         u64 at = kv_row(table, p, bs, nlg, lig, kvd) + e;
         kh[i] = f2half(kv_ld(kc + at), 0);
         vh[i] = f2half(kv_ld(vc + at), 0);
@@ -1446,9 +1448,9 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
 }
 #define GATHER_KV(NAME, KV)                                                                            \
     extern "C" __global__ void NAME(const KV* __restrict__ kc, const KV* __restrict__ vc, const u32* rowidx, \
-                                    const u32* tables, int tstride, int bs, int nlg, int lig, int L, int kvd, \
-                                    u16* __restrict__ kh, u16* __restrict__ vh) {                      \
-        gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, L, kvd, kh, vh);             \
+                                    const u32* tables, int tstride, int bs, int nlg, int lig, int first, \
+                                    int L, int kvd, u16* __restrict__ kh, u16* __restrict__ vh) {      \
+        gather_kv_impl<KV>(kc, vc, rowidx, tables, tstride, bs, nlg, lig, first, L, kvd, kh, vh);      \
     }
 
 // Every attention kernel for K/V elements of type T (float or u16 for f16),

@@ -3546,9 +3546,18 @@ impl CudaBackend {
         let (qd, kvd, hd) = (d.q_dim(), d.kv_dim(), d.head_dim);
         let qkv_dim = qd + 2 * kvd;
         let g = d.n_heads / d.n_kv_heads;
-        // Keys: every visible position of the sequence, this chunk's included
-        // (qkv_post has written them to the cache), as f16: K then V.
-        let keys = p0 + n;
+        // Keys: the positions the chunk's queries see, this chunk's included
+        // (qkv_post has written them to the cache), as f16: K then V. Under a
+        // sliding window they start at the first query's window, counted from
+        // there on (p0 and the keys relative to `first`): the blocks before it
+        // are released (NO_BLOCK in the table), and the masks only need the
+        // positions' differences.
+        let first = if window > 0 {
+            (p0 + 1).saturating_sub(window as usize)
+        } else {
+            0
+        };
+        let (p0, keys) = (p0 - first, p0 + n - first);
         let (kh, vh) = (kvh.ptr, kvh.ptr + (keys * kvd * 2) as u64);
         let gather = ArgList::of(&[
             &[
@@ -3558,6 +3567,7 @@ impl CudaBackend {
             ],
             cache,
             &[
+                Arg::I(first as i32),
                 Arg::I(keys as i32),
                 Arg::I(kvd as i32),
                 Arg::P(kh),
