@@ -38,6 +38,7 @@
 #   bash bench/cuda/next_check.sh pdlcg    # the staging's predecessor reads as coherent loads (kiln_g / cuda_check_g) vs main
 #   bash bench/cuda/next_check.sh carve    # Gemma-3-1B with $KILN_CUDA_CARVEOUT on the plain GEMVs (main's kiln_a): tg256, stamps
 #   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
+#   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -633,6 +634,27 @@ carve)
     env $e KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_cv_${c}_q4_k_m_40.tsv \
       /tmp/kiln_a bench /tmp/cv/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|carveout $c stamped: |"
   done ;;
+swgather)
+  # NOTES.md item 112: prefill's GEMM / flash attention under a sliding window gathers K/V from
+  # the chunk's first query's window on (main 5bd74d1; before it the gather read released
+  # blocks, NO_BLOCK, and Gemma 3 prompts past ~768 tokens at -b 256 failed with
+  # CUBLAS_STATUS_EXECUTION_FAILED). kiln / cc: main at or after 5bd74d1; kiln_a (optional):
+  # a build before it. Fixtures (the new "200 tokens in chunks of 64" row), then `kiln run`
+  # on Gemma-3-1B after 1,500 prompt ids in chunks of 256 against one chunk of 2,048 (greedy
+  # ids of the two), bf16 and q4_k_m.
+  fixtures 240 cc
+  grep -E 'chunks of 64' $OUT/checks.txt
+  /tmp/kiln synth Gemma-3-1B /tmp/sw --types q4_k_m > /dev/null 2>&1; date -u +%T
+  SWIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(1500)))")
+  for m in /tmp/sw/hf /tmp/sw/model-q4_k_m.gguf; do for b in $(ls /tmp/kiln /tmp/kiln_a 2>/dev/null); do for c in 256 2048; do
+    timeout 120 $b run $m --device cuda --prompt-ids $SWIDS -b $c -n 32 --temp 0 --ignore-eos --json > /tmp/sw_$c.json 2>/tmp/sw_err.txt
+    echo "$(basename $m) $(basename $b) -b $c: rc $? $(grep -i error /tmp/sw_err.txt | head -1 | cut -c1-120)"
+  done
+  python3 -c "
+import json
+a, b = (json.load(open(f'/tmp/sw_{c}.json'))['generated_ids'] for c in (256, 2048))
+print('  greedy ids, chunks of 256 vs one chunk:', sum(x == y for x, y in zip(a, b)), 'of', len(b), 'equal')" 2>&1 | tail -1
+  done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
