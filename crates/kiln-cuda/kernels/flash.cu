@@ -62,9 +62,10 @@ __device__ __forceinline__ void fa_load_tile(u16* s, const u16* g, int kvd, int 
 #endif
 
 // q: the chunk's rows (f32, RoPE applied), row stride qstride, head h at
-// h * D; kh / vh: the sequence's keys 0..L-1 as f16, row stride kvd; query
-// row i sits at position p0 + i and sees keys lo..p0 + i (lo from the
-// sliding window; window <= 0: none); out: f32, row stride ostride.
+// h * D; kh / vh: the keys the chunk sees, 0..L-1, as f16, row stride kvd
+// (positions counted from the gather's first, which a sliding window moves
+// past 0); query row i sits at position p0 + i and sees keys lo..p0 + i (lo
+// from the sliding window; window <= 0: none); out: f32, row stride ostride.
 // grid: (ceil(n / FA_BR), heads); block: 128 (4 warps x 16 rows).
 template <int D>
 __device__ __forceinline__ void flash_impl(const float* __restrict__ q, int qstride, const u16* __restrict__ kh,
