@@ -1770,37 +1770,41 @@ MVQA(q5_1r, T_Q5_1R)
 // into y + rows. One launch and one staging a block instead of a kernel
 // each. Held to 64 registers (two blocks an SM), so Q6_KR with two units a
 // lane (the same sums as with four: units in increasing order a lane).
+// The pair's body, pre-norm (mvqsnp*) or behind a post-norm (POST, mvqsnpq_*:
+// Gemma 3's Q|K and V; yp, pw, xo as mvqs_impl's, the post-norm add staged once
+// a block as in mvqsnq; each matrix's block 0 writes xo, the same values).
+template <int T1, int U1, int R1, int T2, int U2, int R2, bool POST>
+__device__ __forceinline__ void mvqsnp_impl(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,
+                                            const float* bias, const float* nw, float eps, const u8* W2,
+                                            u64 row_bytes2, int rows2, int blocks1, const float* yp = nullptr,
+                                            const float* pw = nullptr, float* xo = nullptr) {
+    if ((int)blockIdx.x < blocks1)
+        mvqs_impl<T1, U1, true, false, false, POST, R1>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias,
+                                                        x, nw, eps, 0, 0, nullptr, nullptr, nullptr, blockIdx.x,
+                                                        blocks1, yp, pw, xo);
+    else
+        mvqs_impl<T2, U2, true, false, false, POST, R2>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr,
+                                                        y + rows, bias ? bias + rows : nullptr, x, nw, eps, 0, 0,
+                                                        nullptr, nullptr, nullptr, blockIdx.x - blocks1,
+                                                        gridDim.x - blocks1, yp, pw, xo);
+}
 #define MVQSNP_R(N1, T1, U1, R1, N2, T2, U2, R2, SUF)                                                 \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, 2)                                       \
         mvqsnp##SUF##_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y, \
                            const float* bias, const float* nw, float eps, const u8* W2, u64 row_bytes2, \
                            int rows2, int blocks1) {                                                  \
-        if ((int)blockIdx.x < blocks1)                                                                \
-            mvqs_impl<T1, U1, true, false, false, false, R1>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias, x, nw, \
-                                    eps, 0, 0, nullptr, nullptr, nullptr, blockIdx.x, blocks1);       \
-        else                                                                                          \
-            mvqs_impl<T2, U2, true, false, false, false, R2>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, y + rows, \
-                                    bias ? bias + rows : nullptr, x, nw, eps, 0, 0, nullptr, nullptr, \
-                                    nullptr, blockIdx.x - blocks1, gridDim.x - blocks1);              \
+        mvqsnp_impl<T1, U1, R1, T2, U2, R2, false>(W, row_bytes, rows, cols, x, y, bias, nw, eps, W2,   \
+                                                   row_bytes2, rows2, blocks1);                        \
     }
-// The same pair behind a post-norm (POST: Gemma 3's Q|K and V; yp, pw, xo as
-// mvqs_impl's, the post-norm add staged once a block as in mvqsnq; each matrix's
-// block 0 writes xo, the same values). One block an SM, as mvqsnq: at two the staging's
-// post-norm values spill (64 registers, 88-112 bytes).
+// One block an SM behind a post-norm, as mvqsnq: at two the staging's post-norm values spill
+// (64 registers, 88-112 bytes).
 #define MVQSNPQ(N1, T1, U1, N2, T2, U2)                                                               \
     extern "C" __global__ void __launch_bounds__(AN_THREADS, 1)                                       \
         mvqsnpq_##N1##_##N2(const u8* W, u64 row_bytes, int rows, int cols, const float* x, float* y,  \
                             const float* bias, const float* nw, float eps, const u8* W2, u64 row_bytes2, \
                             int rows2, int blocks1, const float* yp, const float* pw, float* xo) {      \
-        if ((int)blockIdx.x < blocks1)                                                                \
-            mvqs_impl<T1, U1, true, false, false, true>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, \
-                                                        bias, x, nw, eps, 0, 0, nullptr, nullptr, nullptr, \
-                                                        blockIdx.x, blocks1, yp, pw, xo);             \
-        else                                                                                          \
-            mvqs_impl<T2, U2, true, false, false, true>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr, \
-                                                        y + rows, bias ? bias + rows : nullptr, x, nw, eps, 0, \
-                                                        0, nullptr, nullptr, nullptr, blockIdx.x - blocks1, \
-                                                        gridDim.x - blocks1, yp, pw, xo);             \
+        mvqsnp_impl<T1, U1, 1, T2, U2, 1, true>(W, row_bytes, rows, cols, x, y, bias, nw, eps, W2,      \
+                                                row_bytes2, rows2, blocks1, yp, pw, xo);               \
     }
 #define MVQSNP(N1, T1, U1, N2, T2, U2) \
     MVQSNP_R(N1, T1, U1, 1, N2, T2, U2, 1, ) MVQSNPQ(N1, T1, U1, N2, T2, U2)
