@@ -31,13 +31,6 @@
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
-#   bash bench/cuda/next_check.sh ppair    # Gemma's QKV pair behind a post-norm (kiln) and the GLU's late launch (kiln_c) vs main
-#   bash bench/cuda/next_check.sh pcg      # the post-norm GLU's late launch, staging loads coherent, vs main: tiny Gemma vs CPU, bits, tg256, fixtures
-#   bash bench/cuda/next_check.sh pfit     # the staging pair a row a warp where both fit (kiln) vs split by bytes (kiln_a)
-#   bash bench/cuda/next_check.sh pwe      # the post-norm staging's weights before the wait (kiln_p / cuda_check_p) vs main
-#   bash bench/cuda/next_check.sh pdlcg    # the staging's predecessor reads as coherent loads (kiln_g / cuda_check_g) vs main
-#   bash bench/cuda/next_check.sh carve    # Gemma-3-1B with $KILN_CUDA_CARVEOUT on the plain GEMVs (main's kiln_a): tg256, stamps
-#   bash bench/cuda/next_check.sh w256     # the wide decode attention at head dim 256 (kiln.xz) vs main: fixtures, Gemma-3-1B logits, tg256
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -59,6 +52,9 @@
 # thirty-third's q2mmq and kvab (items 98, 100, 101) at b1dbd3a, its q23review, onechunk and downrest
 # on branches onechunk-r and down-rest; the thirty-fourth's q4pat (item 103: the Q4_0 access
 # patterns and runs-of-32 kernels) at 3b4f541; the thirty-sixth's glu2 (item 107) at e2226b7.
+# The thirty-eighth and thirty-ninth sessions' branch checks (w256, ppair, pcg, pfit, pwe, pdlcg,
+# carve; NOTES.md items 110-112) and their helpers same_logits_say / tiny_vs_cpu are in git
+# history at f5c526e.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -83,32 +79,18 @@ pptg_of() { grep -E '^\|.*(pp|tg)' | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '
 stg_of() { grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}'; }
 # Whether main's and the branch's cuda_check (cc_a, cc) give model $1 the same logits, bit for
 # bit: prefill, decode and exact decode of 24 tokens (and kiln-cpu's: the whole files, any
-# vocabulary; $2: the branch's cuda_check instead of cc). same_logits_say MODEL NAME [CC]: the
-# same, saying so.
+# vocabulary; $2: the branch's cuda_check instead of cc).
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
 same_logits() {
   rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/${2:-cc} --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
   cmp /tmp/a.bin /tmp/b.bin
 }
-same_logits_say() {
-  same_logits $1 ${3:-cc} && echo "$2: branch = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
-}
 # The fixtures with cuda_check (the branch's: $2, default cc), $1 seconds at most (default
 # 200): the summary and the first failures; the whole report in $OUT/checks.txt.
 fixtures() {
   timeout ${1:-200} /tmp/${2:-cc} --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
-}
-# The tiny Gemma fixture's GPU logits against its own kiln-cpu rows (bench/cuda/blocks_vs_cpu.py)
-# with cuda_check $1, for the GGUF types after it: a wrong decode shows without a second build.
-tiny_vs_cpu() {
-  local c=$1 t T; shift
-  T=$(python3 -c "print(','.join(str(3+5*i) for i in range(24)))")
-  for t in "$@"; do
-    /tmp/$c --logits tests/data/fixtures/tiny/gemma3/gguf/gemma3-$t.gguf "$T" /tmp/o.bin > /dev/null 2>&1
-    echo "tiny gemma3 $t $c: $(python3 bench/cuda/blocks_vs_cpu.py /tmp/o.bin 24)"
-  done
 }
 # $NCU: Nsight Compute's command line, or the mode ends here without it.
 need_ncu() {
@@ -530,109 +512,6 @@ peers)
   for S in ${PEER_SHAPES:-Llama-3.2-1B}; do
     bash bench/cuda/peers.sh /tmp/kiln bench/cuda/hf_peer.py $S ${PEER_TYPES:-q8_0,q4_0,q4_k_m} /tmp/pe-$S 2>/dev/null | tee $OUT/peers-$S.md
     rm -rf /tmp/pe-$S; date -u +%T
-  done ;;
-w256)
-  # NOTES.md item 110: the wide decode attention at head dim 256 (branch wide256: Gemma 3's
-  # short steps in one slice of 16 warps, no global merge) against main's sliced kernel:
-  # fixtures (W_FIX=0 skips them; cuda_check's wide-attention rows now take head dim 256),
-  # Gemma-3-1B logits against main's (the merge order differs: logits_diff's four blocks),
-  # then tg256 main / branch, two rounds, with -p 16 and -p 512 (the same test twice: tgN
-  # starts from an empty cache whatever -p is).
-  if [ "${W_FIX:-1}" = 1 ]; then
-    timeout 200 /tmp/cc --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
-    grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ|wide' $OUT/checks.txt | head -12
-  fi
-  /tmp/kiln synth Gemma-3-1B /tmp/w2 --types q4_k_m,q4_0,q8_0 > /dev/null 2>&1; date -u +%T
-  for m in model-q4_k_m.gguf hf; do
-    /tmp/cc_a --logits /tmp/w2/$m "$IDS" /tmp/a.bin > /dev/null 2>&1
-    /tmp/cc --logits /tmp/w2/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
-    echo "$m: main against branch"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 262144 4
-  done
-  for r in 1 2; do for m in model-q4_k_m.gguf hf model-q4_0.gguf model-q8_0.gguf; do for p in 16 512; do
-    for b in kiln_a kiln; do
-      echo "$m p$p $b $(/tmp/$b bench /tmp/w2/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
-    done
-  done; done; done; date -u +%T ;;
-ppair)
-  # NOTES.md item 111: the QKV pair behind a post-norm (kiln / cc: branch post-pair, Gemma 3's
-  # Q|K and Q8_0 V in one mvqsnpq launch) and the post-norm GLU kernel's late launch of the down
-  # product (kiln_c: branch post-late, a wrong build: its staging reads the O's output above
-  # the PDL wait, item 111; main has it fixed) against main (kiln_a / cc_a): fixtures (PP_FIX=0 skips
-  # them), Gemma-3-1B logits main's bit for bit (whole files: its vocabulary is 262,144), tg256
-  # alternated, -p 16 and -p 512 (the same test twice: tgN starts from an empty cache), two
-  # rounds.
-  [ "${PP_FIX:-1}" = 1 ] && fixtures
-  /tmp/kiln synth Gemma-3-1B /tmp/pp --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
-  for m in model-q4_k_m.gguf model-q4_0.gguf hf; do same_logits_say /tmp/pp/$m $m; done
-  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf hf; do for p in 16 512; do
-    for b in ${PP_BINS:-kiln_a kiln kiln_c}; do
-      echo "$m p$p $b $(/tmp/$b bench /tmp/pp/$m --device cuda -p $p -n 256 -r 2 2>&1 | tg_of)"
-    done
-  done; done; done; date -u +%T ;;
-pcg)
-  # NOTES.md item 111: the post-norm GLU's late launch with the staging's x and y loaded
-  # coherently (kiln / cc: branch post-late-cg) against main (kiln_a / cc_a). The tiny Gemma
-  # fixtures' decode against their own CPU rows first (post-late, without __ldcg, was 4-6 off
-  # on q4_0 / q5_0), then Gemma-3-1B logits main's bit for bit, tg256 alternated two rounds,
-  # and the fixtures last.
-  for c in cc_a cc; do tiny_vs_cpu $c q4_0 q5_0 q4_1 q8_0; done
-  /tmp/kiln synth Gemma-3-1B /tmp/pc --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
-  for m in model-q4_k_m.gguf model-q4_0.gguf hf; do same_logits_say /tmp/pc/$m $m; done
-  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln; do
-    echo "$m $b $(/tmp/$b bench /tmp/pc/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T
-  fixtures 130 ;;
-pfit)
-  # NOTES.md item 111: the staging pair's grid a row a warp where the resident grid holds both
-  # matrices (kiln / cc: branch pair-fit) against the split by bytes (kiln_a / cc_a): fixtures
-  # (PF_FIX=0 skips them), logits bit for bit (whole files), tg256 (-p 16) alternated, two
-  # rounds, on $PF_SHAPES' q4_k_m (each a Q4_K / Q6_K or Q5_0 / Q8_0 QKV pair).
-  [ "${PF_FIX:-1}" = 1 ] && fixtures
-  PFS=${PF_SHAPES:-Gemma-3-1B SmolLM2-135M SmolLM2-360M Qwen3-0.6B Llama-3.2-1B}
-  for S in $PFS; do /tmp/kiln synth $S /tmp/pf-$S --types q4_k_m > /dev/null 2>&1; done; date -u +%T
-  for S in $PFS; do same_logits_say /tmp/pf-$S/model-q4_k_m.gguf "$S q4_k_m"; done; date -u +%T
-  for r in 1 2; do for S in $PFS; do for b in kiln_a kiln; do
-    echo "$S q4_k_m $b $(/tmp/$b bench /tmp/pf-$S/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T ;;
-pwe)
-  # NOTES.md Next (after item 111): the post-norm staging's weights loaded before the PDL wait
-  # (kiln_p / cc_p: branch pw-early) against main (kiln_a / cc_a): fixtures with cc_p, the tiny
-  # Gemma's decode against its CPU rows, Gemma-3-1B logits main's bit for bit, tg256 (-p 16)
-  # alternated, two rounds.
-  fixtures 200 cc_p
-  tiny_vs_cpu cc_p q4_0 q5_0
-  /tmp/kiln synth Gemma-3-1B /tmp/pw --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
-  for m in model-q4_k_m.gguf model-q4_0.gguf; do same_logits_say /tmp/pw/$m $m cc_p; done
-  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf; do for b in kiln_a kiln_p; do
-    echo "$m $b $(/tmp/$b bench /tmp/pw/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T ;;
-pdlcg)
-  # NOTES.md item 111's Next: the staging's reads of a predecessor's output as coherent loads
-  # (kiln_g / cc_g: branch pdl-cg) against main (kiln_a / cc_a): fixtures with cc_g, logits
-  # main's bit for bit (the same arithmetic, other loads), tg256 (-p 16) alternated, two
-  # rounds, on $PG_SHAPES' $PG_TYPES (hf: the bf16 folder).
-  fixtures 200 cc_g
-  PGS=${PG_SHAPES:-Llama-3.2-1B SmolLM2-135M Qwen3-0.6B Gemma-3-1B}; PGT=${PG_TYPES:-q4_0 q4_k_m hf}
-  for S in $PGS; do /tmp/kiln synth $S /tmp/pg-$S --types $(gguf_types $PGT) > /dev/null 2>&1; done; date -u +%T
-  for S in $PGS; do for t in $PGT; do same_logits_say $(model_of /tmp/pg-$S $t) "$S $t" cc_g; done; done
-  for r in 1 2; do for S in $PGS; do for t in $PGT; do for b in kiln_a kiln_g; do
-    echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/pg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; done; date -u +%T ;;
-carve)
-  # NOTES.md item 111's Next: Gemma-3-1B's gate|up blocks arrive only after the plain O GEMV
-  # (no shared memory) ends; the SMs' L1 / shared split is the suspect. main (kiln_a) with
-  # $KILN_CUDA_CARVEOUT on the plain GEMVs (mvq_ / mvq2_, and mvf_ for the bf16 folder) at
-  # $CV_PCTS percent, tg256 (-p 16) two rounds, then stamps of step 40 at $CV_TL (main's
-  # timeline cubin is in the cache).
-  /tmp/kiln synth Gemma-3-1B /tmp/cv --types q4_k_m,q4_0 > /dev/null 2>&1; date -u +%T
-  for r in 1 2; do for m in model-q4_k_m.gguf model-q4_0.gguf hf; do for c in none ${CV_PCTS:-35 50 100}; do
-    [ $c = none ] && e="" || e="KILN_CUDA_CARVEOUT=mvq_,mvq2_,mvf_:$c"
-    echo "$m carveout=$c $(env $e /tmp/kiln_a bench /tmp/cv/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
-  done; done; done; date -u +%T
-  for c in none ${CV_TL:-50}; do
-    [ $c = none ] && e="" || e="KILN_CUDA_CARVEOUT=mvq_,mvq2_,mvf_:$c"
-    env $e KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_cv_${c}_q4_k_m_40.tsv \
-      /tmp/kiln_a bench /tmp/cv/model-q4_k_m.gguf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|carveout $c stamped: |"
   done ;;
 swgather)
   # NOTES.md item 112: prefill's GEMM / flash attention under a sliding window gathers K/V from
