@@ -527,7 +527,8 @@ swgather)
   SWIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(1500)))")
   for m in /tmp/sw/hf /tmp/sw/model-q4_k_m.gguf; do for b in $(ls /tmp/kiln /tmp/kiln_a 2>/dev/null); do for c in 256 2048; do
     timeout 120 $b run $m --device cuda --prompt-ids $SWIDS -b $c -n 32 --temp 0 --ignore-eos --json > /tmp/sw_$c.json 2>/tmp/sw_err.txt
-    echo "$(basename $m) $(basename $b) -b $c: rc $? $(grep -i error /tmp/sw_err.txt | head -1 | cut -c1-120)"
+    rc=$?  # before any command substitution, which would reset it
+    echo "$(basename $m) $(basename $b) -b $c: rc $rc $(grep -i error /tmp/sw_err.txt | head -1 | cut -c1-120)"
   done
   python3 -c "
 import json

@@ -901,9 +901,12 @@ fn check_f16_kv(dir: &Path, name: &str, rows: &mut Vec<Row>) {
 /// chunk's first query's window, since the blocks before it are released
 /// (NO_BLOCK in the table; reading them faulted). Logits of the 16-bit GEMM
 /// attention against the same engine with it off (the tiled kernel, f32;
-/// the products alike), and against kiln-cpu as information.
+/// the products alike), and against kiln-cpu as information. Tolerance, of
+/// the largest |logit|: 4e-3, the f16 products' rounding (2^-11 a value)
+/// measured 8.5e-4 on the H200 (GEMM vs CPU 3.9e-3 absolute, tiled vs CPU
+/// 4.4e-6; NOTES.md item 113).
 fn check_window_chunks(dir: &Path, name: &str, rows: &mut Vec<Row>) {
-    const TOL: f32 = 1e-2;
+    const TOL: f32 = 4e-3;
     let row = (|| -> Result<Row, String> {
         let model = Arc::new(Model::open(dir.join("hf")).map_err(|e| e.to_string())?);
         let o = EngineOptions {
