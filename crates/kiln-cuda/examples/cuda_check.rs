@@ -1014,7 +1014,7 @@ fn check_batch(dir: &Path, name: &str, rows: &mut Vec<Row>) {
 /// decode attention, which only fused steps take.
 /// `CudaOptions::fuse_norm`, the norms and residual adds inside the GEMVs:
 /// the fixtures take it too, at their widths; here at 2,048 values a row.
-/// `hd` 128: the narrower model of 128-dim heads ([`synth_llama_hd`]).
+/// `hd` 128 / 256: the narrower models of 128- / 256-dim heads ([`synth_llama_hd`]).
 fn fused_check(
     rows: &mut Vec<Row>,
     what: &str,
@@ -1303,6 +1303,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // by it) once positions pass KILN_CUDA_ATT_CLUSTER_CTX (8 here): the
     // same logits as the global merge throughout. (The variables as they
     // were are restored after.)
+    // Head dim 256 takes the cluster at every depth.
     with_env_restored(
         &["KILN_CUDA_ATT_CLUSTER", "KILN_CUDA_ATT_CLUSTER_CTX"],
         || {
@@ -1311,6 +1312,13 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
                 "cluster merge below 8",
                 GgmlType::Q8_0,
                 128,
+                |_, on| att_switch("KILN_CUDA_ATT_CLUSTER", on),
+            );
+            fused_check(
+                &mut rows,
+                "cluster merge",
+                GgmlType::Q8_0,
+                256,
                 |_, on| att_switch("KILN_CUDA_ATT_CLUSTER", on),
             )
         },

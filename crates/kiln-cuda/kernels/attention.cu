@@ -1462,6 +1462,7 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
     ATTENTION(attention_d4##S, attention_f4##S, 4, false, T, 1)    \
     ATTENTION(attention_d8##S, attention_f8##S, 8, false, T, 1)    \
     ATTENTION(attention_cd4##S, attention_cf4##S, 4, true, T, 1)   \
+    ATTENTION(attention_cd8##S, attention_cf8##S, 8, true, T, 1)   \
     ATTENTION(attention_dg2##S, attention_fg2##S, 2, false, T, 4)  \
     ATTENTION(attention_dg4##S, attention_fg4##S, 4, false, T, 4)  \
     ATTENTION_WIDE(attention_fw2##S, attention_flw2##S, T, 2, 32)  \

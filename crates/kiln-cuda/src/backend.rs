@@ -1243,9 +1243,10 @@ struct Kernels {
     /// `attention_d2/d4/d8` doing qkv_post's work themselves
     /// (`attention_f2/f4/f8`).
     attention_fused: [cudarc::driver::sys::CUfunction; 3],
-    /// `attention_d4` ([0]) and `attention_f4` ([1]) merging their slices
-    /// inside a thread-block cluster (`attention_cd4` / `attention_cf4`).
-    attention_cl: [cudarc::driver::sys::CUfunction; 2],
+    /// `attention_d4` / `d8` ([_][0]) and `attention_f4` / `f8` ([_][1])
+    /// merging their slices inside a thread-block cluster: head dims 65-128
+    /// `attention_cd4` / `cf4`, up to 256 `attention_cd8` / `cf8`.
+    attention_cl: [[cudarc::driver::sys::CUfunction; 2]; 2],
     /// `attention_f2` / `f4` / `cf4` issuing an L2 window ([`AheadPlan`]):
     /// `attention_fl2` / `fl4` / `cfl4`.
     attention_l2w: [cudarc::driver::sys::CUfunction; 3],
@@ -1498,7 +1499,10 @@ impl Kernels {
                 kvf(gpu, "attention_f4")?,
                 kvf(gpu, "attention_f8")?,
             ],
-            attention_cl: [kvf(gpu, "attention_cd4")?, kvf(gpu, "attention_cf4")?],
+            attention_cl: [
+                [kvf(gpu, "attention_cd4")?, kvf(gpu, "attention_cf4")?],
+                [kvf(gpu, "attention_cd8")?, kvf(gpu, "attention_cf8")?],
+            ],
             attention_l2w: [
                 kvf(gpu, "attention_fl2")?,
                 kvf(gpu, "attention_fl4")?,
@@ -1755,13 +1759,13 @@ pub struct CudaBackend {
     /// issue L2 windows (when `l2_ahead` is on).
     float_windows: bool,
     /// Most slices of a split decode attention merged inside a cluster
-    /// (`attention_c*`, sm_90, head dims 65-128: what fits resident, up to
+    /// (`attention_c*`, sm_90, head dims 65-256: what fits resident, up to
     /// ATT_SPLIT_MAX; 1: never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits
     /// merge through global memory.
     att_cluster_max: usize,
-    /// Steps whose positions are all below this take the cluster merge
-    /// ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`: every step; 0
-    /// where none can).
+    /// Steps whose positions are all below this take the cluster merge at
+    /// head dims 65-128 ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`:
+    /// every step; 0 where none can); 129-256 take it at every depth.
     att_cluster_ctx: usize,
     /// Steps reaching this position take the grouped decode attention
     /// ([`AttReach::Long`]; `usize::MAX`: never).
@@ -2408,6 +2412,7 @@ impl CudaBackend {
         } else {
             k.attention_cl
                 .iter()
+                .flatten()
                 .chain(&k.attention_l2w[2..])
                 .map(|&f| gpu.max_cluster(f, att_dec_threads(1, false), ATT_SPLIT_MAX as u32))
                 .min()
@@ -4254,11 +4259,16 @@ impl CudaBackend {
                     post,
                     window,
                 ]);
-                // Split attention of head dims 65-128: the slices merged
-                // inside a cluster when they fit one. At 64 the global merge
-                // is faster (1B shape, tg256, 16 slices: Q4_0 1,772 / 1,780
-                // -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893 / 896; 8B,
-                // head dim 128: Q4_0 467 -> 462-465 without the cluster).
+                // Split attention of head dims 65-128 below
+                // `att_cluster_ctx`, and of 129-256 at every depth: the
+                // slices merged inside a cluster when they fit one. At 64 the
+                // global merge is faster (1B shape, tg256, 16 slices: Q4_0
+                // 1,772 / 1,780 -> 1,804 / 1,804 tok/s, bf16 881 / 890 -> 893
+                // / 896; 8B, head dim 128: Q4_0 467 -> 462-465 without the
+                // cluster). At 256 (Gemma 3: 4 heads, 16 slices, no grouped
+                // kernel) the global merge took 8-10 us a layer (NOTES.md
+                // items 110, 113).
+                let cluster_merge = dpl == 2 || (dpl == 1 && reach == AttReach::Short);
                 if reach == AttReach::Wide && fused && gqa.is_none() && n <= self.att_split_tokens {
                     // 32 warps for head dims up to 64, 16 up to 128 and up to
                     // 256 (attention.cu ATTENTION_WIDE).
@@ -4270,8 +4280,7 @@ impl CudaBackend {
                     let warps = if dpl == 0 { 32 } else { 16 };
                     self.gpu
                         .launch(f, (d.n_heads as u32, n as u32, 1), 32 * warps, args.get())?;
-                } else if reach == AttReach::Short
-                    && dpl == 1
+                } else if cluster_merge
                     && gqa.is_none()
                     && split >= 2
                     && split <= self.att_cluster_max
@@ -4279,7 +4288,7 @@ impl CudaBackend {
                     let f = if l2w {
                         self.k.attention_l2w[2]
                     } else {
-                        self.k.attention_cl[usize::from(fused)]
+                        self.k.attention_cl[dpl - 1][usize::from(fused)]
                     };
                     self.gpu.launch_cluster(
                         f,
