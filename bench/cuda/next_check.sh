@@ -32,6 +32,7 @@
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
+#   bash bench/cuda/next_check.sh gclu     # Gemma's decode attention past 256: the cluster merge at head dim 256 vs main, by depth
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -534,6 +535,31 @@ swgather)
 import json
 a, b = (json.load(open(f'/tmp/sw_{c}.json'))['generated_ids'] for c in (256, 2048))
 print('  greedy ids, chunks of 256 vs one chunk:', sum(x == y for x, y in zip(a, b)), 'of', len(b), 'equal')" 2>&1 | tail -1
+  done; done; date -u +%T ;;
+gclu)
+  # NOTES.md item 113: Gemma 3's decode attention (head dim 256) past the wide kernel's 256
+  # positions merges its slices inside a cluster (branch clu8: attention_cd8 / cf8) instead of
+  # through global memory. kiln / cc: the branch; kiln_a / cc_a: main. Fixtures (the new
+  # "cluster merge, head dim 256" row), logits of 300 ids one at a time (positions 256-299 take
+  # the cluster) against main bit for bit, then S_TG at depths 16-4,096 for main, the branch,
+  # and the branch with 8 / 32 slices forced (32: past the cluster's 16, the global merge), two
+  # rounds alternated.
+  fixtures 240 cc
+  grep -E 'cluster merge' $OUT/checks.txt
+  /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
+  GIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(300)))")
+  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    /tmp/cc_a --logits $m "$GIDS" /tmp/a.bin 2>&1 | grep -c 'bit for bit' > /dev/null
+    /tmp/cc --logits $m "$GIDS" /tmp/b.bin > /tmp/b.txt 2>&1; grep 'together' /tmp/b.txt
+    cmp /tmp/a.bin /tmp/b.bin && echo "$(basename $m): logits of 300 ids = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
+  done; rm -f /tmp/a.bin /tmp/b.bin; date -u +%T
+  for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
+    for v in kiln_a: kiln: kiln:KILN_CUDA_ATT_SPLIT=8 kiln:KILN_CUDA_ATT_SPLIT=32; do
+      e=${v#*:}
+      echo "$(basename $m) $v $(env $e /tmp/${v%%:*} bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
+        | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
+    done
   done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
