@@ -33,6 +33,7 @@
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
 #   bash bench/cuda/next_check.sh gclu     # Gemma's decode attention past 256: the cluster merge at head dim 256 vs main, by depth
+#   bash bench/cuda/next_check.sh att8     # head dim 256's split attention: 8 warps / 4 rows in flight / both vs main, by depth
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -558,6 +559,35 @@ gclu)
     for v in kiln_a: kiln: kiln:KILN_CUDA_ATT_SPLIT=8 kiln:KILN_CUDA_ATT_SPLIT=32; do
       e=${v#*:}
       echo "$(basename $m) $v $(env $e /tmp/${v%%:*} bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
+        | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
+    done
+  done; done; date -u +%T ;;
+att8)
+  # NOTES.md item 113: the split decode attention at head dim 256 (Gemma 3 past 256 positions)
+  # with 8 warps a block (kiln_w / cc_w, branch att8w), 4 rows in flight a warp (kiln_p,
+  # att8p), both (kiln / cc, att8wp), against main (kiln_a / cc_a). Fixtures (the wide rows
+  # at head dim 256 compare against the sliced kernel), the logits of 300 ids (positions
+  # 256-299 take the changed kernel; the warps' sums run in another order with 8 warps) against
+  # main's and the CPU's, then S_TG at depths 16-4,096, two rounds alternated.
+  fixtures 240 cc
+  grep -E 'head dim 256' $OUT/checks.txt
+  /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
+  GIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(300)))")
+  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
+    /tmp/cc_a --logits $m "$GIDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $m "$GIDS" /tmp/b.bin > /dev/null 2>&1
+    python3 - $m <<'PY'
+import sys, numpy as np
+a = np.fromfile('/tmp/a.bin', np.float32).reshape(4, 300, -1); b = np.fromfile('/tmp/b.bin', np.float32).reshape(4, 300, -1)
+mx = np.abs(a[3]).max()
+for k, name in ((1, 'decode 8-bit'), (2, 'decode exact')):
+    d = np.abs(a[k] - b[k]).max(); top = (a[k].argmax(-1) == b[k].argmax(-1)).sum()
+    print(f"{sys.argv[1].split('/')[-1]} {name}: branch-main {d:.2e} ({d / mx:.1e} of max), argmax {top}/300; vs CPU main {np.abs(a[k] - a[3]).max():.2e} branch {np.abs(b[k] - b[3]).max():.2e}")
+print(f"  prefill branch = main: {np.array_equal(a[0], b[0])}")
+PY
+  done; rm -f /tmp/a.bin /tmp/b.bin; date -u +%T
+  for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
+    for b in kiln_a kiln_w kiln_p kiln; do
+      echo "$(basename $m) $b $(/tmp/$b bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
     done
   done; done; date -u +%T ;;
