@@ -1314,13 +1314,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
                 128,
                 |_, on| att_switch("KILN_CUDA_ATT_CLUSTER", on),
             );
-            fused_check(
-                &mut rows,
-                "cluster merge",
-                GgmlType::Q8_0,
-                256,
-                |_, on| att_switch("KILN_CUDA_ATT_CLUSTER", on),
-            )
+            fused_check(&mut rows, "cluster merge", GgmlType::Q8_0, 256, |_, on| {
+                att_switch("KILN_CUDA_ATT_CLUSTER", on)
+            })
         },
     );
     // The grouped decode attention against a block per head: heads of 64

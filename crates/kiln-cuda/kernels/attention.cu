@@ -147,12 +147,14 @@ __device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_head
 // Warps a block of the split decode attention (attention_impl) for DPL
 // dims a lane and G query heads a block: one head, 8 for heads of up to 64
 // (half the positions each warp walks at long contexts; 61 registers, 4
-// blocks an SM still hold a one-sequence step's 512 blocks), 4 above
-// (96-168 registers: 8 would take two waves); grouped (G = 4), 16: as many
-// warps an SM as four one-head blocks, each walking a quarter of the
-// positions for four heads (NOTES.md items 43, 62; backend.rs
+// blocks an SM still hold a one-sequence step's 512 blocks), 4 up to 128
+// (96-168 registers: 8 would take two waves), 8 up to 256 (Gemma 3: 4
+// heads x 16 slices, 64 blocks, so a block an SM is one wave and the
+// walk's rows in flight double; NOTES.md item 113); grouped (G = 4), 16:
+// as many warps an SM as four one-head blocks, each walking a quarter of
+// the positions for four heads (NOTES.md items 43, 62; backend.rs
 // att_dec_threads).
-#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 ? 8 : 4)
+#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 || (DPL) == 8 ? 8 : 4)
 #define ATT_DPL 8
 // K/V rows a warp of the decode attention keeps in flight (its first ones
 // loaded before the PDL wait): 4, 2 for head dims above 128 (registers).

@@ -783,8 +783,17 @@ const ATT_REACHES: usize = AttReach::Wide as usize + 1;
 fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
     match (grouped, dpl) {
         (true, _) => 512,
-        (false, 0) => 256,
-        _ => 128,
+        (false, 1) => 128,
+        _ => 256,
+    }
+}
+/// The decode attention kernels' size class for a head dim: up to 64 (0),
+/// 128 (1), 256 (2); attention.cu's DPL 2, 4, 8.
+fn att_dpl(head_dim: usize) -> usize {
+    match head_dim {
+        0..=64 => 0,
+        65..=128 => 1,
+        _ => 2,
     }
 }
 /// Blocks of query heads the split decode attention's grid has per token:
@@ -2407,16 +2416,20 @@ impl CudaBackend {
         let mut k = Kernels::load(&mut gpu, opts.kv.k)?;
         let flash_f = flash.map(|i| k.flash[i]);
         let att_cluster = std::env::var("KILN_CUDA_ATT_CLUSTER").ok();
-        let att_cluster_max = if att_cluster.as_deref() == Some("0") {
-            1
-        } else {
-            k.attention_cl
+        // The cluster kernels of this model's head dim (none up to 64).
+        let att_dpl = att_dpl(d.head_dim);
+        let att_cluster_max = match (att_cluster.as_deref(), att_dpl) {
+            (Some("0"), _) | (_, 0) => 1,
+            _ => k.attention_cl[att_dpl - 1]
                 .iter()
-                .flatten()
-                .chain(&k.attention_l2w[2..])
-                .map(|&f| gpu.max_cluster(f, att_dec_threads(1, false), ATT_SPLIT_MAX as u32))
+                .chain(if att_dpl == 1 {
+                    &k.attention_l2w[2..]
+                } else {
+                    &[]
+                })
+                .map(|&f| gpu.max_cluster(f, att_dec_threads(att_dpl, false), ATT_SPLIT_MAX as u32))
                 .min()
-                .unwrap_or(1) as usize
+                .unwrap_or(1) as usize,
         };
         // 0 where no step can take the cluster: then graphs are not keyed
         // apart by a bound that changes nothing.
@@ -4192,11 +4205,7 @@ impl CudaBackend {
                 )?;
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
-                let dpl = match d.head_dim {
-                    0..=64 => 0,
-                    65..=128 => 1,
-                    _ => 2,
-                };
+                let dpl = att_dpl(d.head_dim);
                 // `att_group_ctx` is usize::MAX for head dims past 128.
                 let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
                 let att_dec = match (grouped, fused) {
