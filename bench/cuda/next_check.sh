@@ -568,7 +568,8 @@ att8)
   # att8p), both (kiln / cc, att8wp), against main (kiln_a / cc_a). Fixtures (the wide rows
   # at head dim 256 compare against the sliced kernel), the logits of 300 ids (positions
   # 256-299 take the changed kernel; the warps' sums run in another order with 8 warps) against
-  # main's and the CPU's, then S_TG at depths 16-4,096, two rounds alternated.
+  # main's and the CPU's, then S_TG at depths 16-4,096, two rounds alternated ($A8: the
+  # binaries, each BIN[:VAR=v], default "kiln_a kiln_w kiln_p kiln").
   fixtures 240 cc
   grep -E 'head dim 256' $OUT/checks.txt
   /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
@@ -586,8 +587,9 @@ print(f"  prefill branch = main: {np.array_equal(a[0], b[0])}")
 PY
   done; rm -f /tmp/a.bin /tmp/b.bin; date -u +%T
   for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
-    for b in kiln_a kiln_w kiln_p kiln; do
-      echo "$(basename $m) $b $(/tmp/$b bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
+    for v in ${A8:-kiln_a kiln_w kiln_p kiln}; do
+      b=${v%%:*}; e=""; [ "$b" != "$v" ] && e=${v#*:}
+      echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
     done
   done; done; date -u +%T ;;
