@@ -569,12 +569,13 @@ att8)
   # at head dim 256 compare against the sliced kernel), the logits of 300 ids (positions
   # 256-299 take the changed kernel; the warps' sums run in another order with 8 warps) against
   # main's and the CPU's, then S_TG at depths 16-4,096, two rounds alternated ($A8: the
-  # binaries, each BIN[:VAR=v], default "kiln_a kiln_w kiln_p kiln").
+  # binaries, each BIN[:VAR=v], default "kiln_a kiln_w kiln_p kiln"; $A8_DEPTHS the prompts;
+  # A8_LOGITS=0 skips the logits).
   fixtures 240 cc
   grep -E 'head dim 256' $OUT/checks.txt
   /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
   GIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(300)))")
-  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
+  [ "${A8_LOGITS:-1}" = 1 ] && for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
     /tmp/cc_a --logits $m "$GIDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits $m "$GIDS" /tmp/b.bin > /dev/null 2>&1
     python3 - $m <<'PY'
 import sys, numpy as np
@@ -589,7 +590,7 @@ PY
   for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
     for v in ${A8:-kiln_a kiln_w kiln_p kiln}; do
       b=${v%%:*}; e=""; [ "$b" != "$v" ] && e=${v#*:}
-      echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
+      echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch 1 -p ${A8_DEPTHS:-16,256,1024,4096} -n 128 -r 2 2>&1 \
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
     done
   done; done; date -u +%T ;;

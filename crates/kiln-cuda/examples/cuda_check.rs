@@ -1180,6 +1180,7 @@ fn layout_check(
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
     let (what, against, variants) = match layout {
+        Layout::Grouped if hd > 128 => ("deep (16 warps)", "8 warps a block", &[false, true][..]),
         Layout::Grouped => ("grouped", "a block per head", &[false, true][..]),
         Layout::Wide => ("wide", "sliced blocks", &[false][..]),
     };
@@ -1322,7 +1323,8 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // The grouped decode attention against a block per head: heads of 64
     // and 128 dims, groups of 4 (the usual shapes), 7 (blocks of 4 and 3)
     // and 3 (one head a block a copy), float O weights (the L2-window
-    // kernels) and Q8_0, an f16 cache.
+    // kernels) and Q8_0, an f16 cache; at head dim 256 the deep kernels
+    // (16 warps a block, the same switch) against 8 warps.
     for (ty, hd, heads, f16) in [
         (GgmlType::Q8_0, 64, None, false),
         (GgmlType::F16, 64, None, false),
@@ -1334,6 +1336,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::F16, 128, Some((12, 4)), false),
         (GgmlType::Q8_0, 128, None, true),
         (GgmlType::F16, 64, None, true),
+        (GgmlType::Q8_0, 256, None, false),
+        (GgmlType::F16, 256, None, false),
+        (GgmlType::Q8_0, 256, None, true),
     ] {
         layout_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
     }

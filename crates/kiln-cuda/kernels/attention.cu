@@ -735,7 +735,10 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
 // att_head_blocks must agree.
 // WN: warps a block, when not ATT_DEC_WARPS (the wide kernels, one slice,
 // att_wide_merge: 32 for head dims up to 64, 16 up to 128 and up to 256).
-template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0>
+// WD: warps a block of the split kernels, when not ATT_DEC_WARPS (the deep
+// kernels: 16 at head dim 256 past ATT_DEEP_CTX positions, backend.rs).
+template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0,
+          int WD = 0>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -745,7 +748,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                                                float eps, const float* cosb, const float* sinb, int neox,
                                                const u8* pfa = nullptr, u64 pfna = 0, const u8* pfb = nullptr,
                                                u64 pfnb = 0) {
-    constexpr int W = WN > 0 ? WN : ATT_DEC_WARPS(DPL, G);
+    constexpr int W = WN > 0 ? WN : WD > 0 ? WD : ATT_DEC_WARPS(DPL, G);
     static_assert(W >= G, "a warp per head for the merges");
     static_assert(WN == 0 || ((WN == 32 || WN == 16) && G == 1 && !CLU), "wide blocks: 32 or 16 warps, one head");
     __shared__ float sm[G][W], sl[G][W];
@@ -1111,20 +1114,26 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #define ATT_LB_1_8
 #define ATT_LB_4_2 __launch_bounds__(32 * 16)
 #define ATT_LB_4_4 __launch_bounds__(32 * 16)
-#define ATTENTION(D, F, DPL, CLU, KV, G)                                                               \
-    extern "C" __global__ void ATT_LB_##G##_##DPL D(                        \
+#define ATTENTION_LB(LB, D, F, DPL, CLU, KV, G, WD)                                                    \
+    extern "C" __global__ void LB D(                                                                   \
         const float* q, int qstride, const KV* kc, const KV* vc, int n_heads, int n_kv, int hd,        \
         const u32* positions, const u32* ends, const u32* rowidx, const u32* tables, int tstride, int bs, \
         int nlg, int lig, int window, float scale, float softcap, float* out, int ostride, float* part, \
         u32* counters, i8* xq, float* xqd, float* xqs) {                                               \
-        attention_impl<KV, DPL, false, CLU, false, G>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, ends, \
-                                                      rowidx, tables, tstride, bs, nlg, lig, window, scale, \
-                                                      softcap, out, ostride, part, counters, xq, xqd, xqs, 0, \
-                                                      0, 0.0f, 0, 0, 0);                                \
+        attention_impl<KV, DPL, false, CLU, false, G, 0, WD>(q, qstride, kc, vc, n_heads, n_kv, hd, positions, \
+                                                             ends, rowidx, tables, tstride, bs, nlg, lig, window, \
+                                                             scale, softcap, out, ostride, part, counters, xq, \
+                                                             xqd, xqs, 0, 0, 0.0f, 0, 0, 0);             \
     }                                                                                                  \
-    extern "C" __global__ void ATT_LB_##G##_##DPL F(ATT_F_PARAMS(KV)) {       \
-        attention_impl<KV, DPL, true, CLU, false, G>(ATT_F_ARGS);                                      \
+    extern "C" __global__ void LB F(ATT_F_PARAMS(KV)) {                                                \
+        attention_impl<KV, DPL, true, CLU, false, G, 0, WD>(ATT_F_ARGS);                               \
     }
+#define ATTENTION(D, F, DPL, CLU, KV, G) ATTENTION_LB(ATT_LB_##G##_##DPL, D, F, DPL, CLU, KV, G, 0)
+// The deep kernels (head dim 256 past ATT_DEEP_CTX, backend.rs): 16 warps
+// a block, each walking half the positions the 8 of ATTENTION's walk, held
+// to 128 registers (32-64 bytes spilled). Past 4,096 positions they read
+// 4-5% faster than 8 warps, at 256 1-2% slower (NOTES.md item 113).
+#define ATTENTION_DEEP(D, F, DPL, CLU, KV) ATTENTION_LB(__launch_bounds__(32 * 16, 1), D, F, DPL, CLU, KV, 1, 16)
 // Four query heads a block (G = 4), for long contexts (backend.rs AttReach).
 // The same over an f16 cache (`_h`).
 
@@ -1465,6 +1474,8 @@ __device__ __forceinline__ void gather_kv_impl(const KV* __restrict__ kc, const 
     ATTENTION(attention_d8##S, attention_f8##S, 8, false, T, 1)    \
     ATTENTION(attention_cd4##S, attention_cf4##S, 4, true, T, 1)   \
     ATTENTION(attention_cd8##S, attention_cf8##S, 8, true, T, 1)   \
+    ATTENTION_DEEP(attention_dd8##S, attention_fd8##S, 8, false, T) \
+    ATTENTION_DEEP(attention_cdd8##S, attention_cfd8##S, 8, true, T) \
     ATTENTION(attention_dg2##S, attention_fg2##S, 2, false, T, 4)  \
     ATTENTION(attention_dg4##S, attention_fg4##S, 4, false, T, 4)  \
     ATTENTION_WIDE(attention_fw2##S, attention_flw2##S, T, 2, 32)  \

@@ -736,6 +736,13 @@ const ATT_GROUP_CTX: usize = 512;
 /// cache, Q4_0 / Q4_K_M / Q8_0 +0.6 / +0.4 / +1.3%; 8B Q4_0 at 256-512: 455
 /// -> 459).
 const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
+/// Decode steps reaching this position or further take the deep decode
+/// attention at head dim 256 ([`AttReach::Long`]: 16 warps a block, where
+/// shorter steps take 8). Gemma-3-1B, 16 against 8 warps, S_TG at P = 256 /
+/// 1,024 / 4,096: Q4_K_M 1,010 / 992 / 955 against 1,020 / 984 / 910, bf16
+/// 884 / 864 / 837 against 901 / 860 / 802 (NOTES.md item 113).
+/// `$KILN_CUDA_ATT_GROUP_CTX` sets it, `$KILN_CUDA_ATT_GROUP=0` never.
+const ATT_DEEP_CTX: usize = 1024;
 /// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
 /// take the wide decode attention ([`AttReach::Wide`], head dims 64, 128
 /// and 256, fused): a block of 32 / 16 warps per query head and token, no slices, so no merge
@@ -767,7 +774,8 @@ enum AttReach {
     /// A block per query head, slices merged through global memory.
     Mid = 1,
     /// Some position at `att_group_ctx` or past: a block per four query
-    /// heads of a KV group (`attention_*g*`).
+    /// heads of a KV group (`attention_*g*`); at head dim 256, a block of
+    /// 16 warps per head (`attention_*d8`).
     Long = 2,
     /// Few tokens, every position below `att_wide_ctx`: a block of 32 (head
     /// dim 64) or 16 (128, 256) warps per query head, one slice
@@ -779,7 +787,8 @@ const ATT_REACHES: usize = AttReach::Wide as usize + 1;
 
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
-/// 256: 32 * ATT_DEC_WARPS(DPL, G) in attention.cu; `grouped`: the G = 4 kernels.
+/// 256: 32 * ATT_DEC_WARPS(DPL, G) in attention.cu; `grouped`: the G = 4
+/// kernels, or at head dim 256 the deep ones (16 warps, ATTENTION_DEEP).
 fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
     match (grouped, dpl) {
         (true, _) => 512,
@@ -1272,6 +1281,11 @@ struct Kernels {
     /// The same for head dims up to 256 (Gemma 3): `attention_fw8` (no
     /// window version: no float O takes one at that head dim).
     attention_wide256: cudarc::driver::sys::CUfunction,
+    /// The split decode attention at head dim 256 with 16 warps a block,
+    /// past [`ATT_DEEP_CTX`] ([`AttReach::Long`]): `attention_dd8` /
+    /// `fd8` ([0][_]), merged inside a cluster `attention_cdd8` / `cfd8`
+    /// ([1][_]).
+    attention_deep: [[cudarc::driver::sys::CUfunction; 2]; 2],
     act_mul: cudarc::driver::sys::CUfunction,
     softcap: cudarc::driver::sys::CUfunction,
     argmax: cudarc::driver::sys::CUfunction,
@@ -1525,6 +1539,10 @@ impl Kernels {
                 [kvf(gpu, "attention_fw4")?, kvf(gpu, "attention_flw4")?],
             ],
             attention_wide256: kvf(gpu, "attention_fw8")?,
+            attention_deep: [
+                [kvf(gpu, "attention_dd8")?, kvf(gpu, "attention_fd8")?],
+                [kvf(gpu, "attention_cdd8")?, kvf(gpu, "attention_cfd8")?],
+            ],
             act_mul: gpu.func("act_mul")?,
             softcap: gpu.func("softcap")?,
             argmax: gpu.func("argmax_rows")?,
@@ -2418,16 +2436,29 @@ impl CudaBackend {
         let att_cluster = std::env::var("KILN_CUDA_ATT_CLUSTER").ok();
         // The cluster kernels of this model's head dim (none up to 64).
         let att_dpl = att_dpl(d.head_dim);
-        let att_cluster_max = match (att_cluster.as_deref(), att_dpl) {
-            (Some("0"), _) | (_, 0) => 1,
-            _ => k.attention_cl[att_dpl - 1]
+        // (kernel, threads a block).
+        let cl_kernels: Vec<_> = match att_dpl {
+            1 => k.attention_cl[0]
                 .iter()
-                .chain(if att_dpl == 1 {
-                    &k.attention_l2w[2..]
-                } else {
-                    &[]
-                })
-                .map(|&f| gpu.max_cluster(f, att_dec_threads(att_dpl, false), ATT_SPLIT_MAX as u32))
+                .chain(&k.attention_l2w[2..])
+                .map(|&f| (f, att_dec_threads(1, false)))
+                .collect(),
+            2 => k.attention_cl[1]
+                .iter()
+                .map(|&f| (f, att_dec_threads(2, false)))
+                .chain(
+                    k.attention_deep[1]
+                        .iter()
+                        .map(|&f| (f, att_dec_threads(2, true))),
+                )
+                .collect(),
+            _ => Vec::new(),
+        };
+        let att_cluster_max = match att_cluster.as_deref() {
+            Some("0") => 1,
+            _ => cl_kernels
+                .iter()
+                .map(|&(f, threads)| gpu.max_cluster(f, threads, ATT_SPLIT_MAX as u32))
                 .min()
                 .unwrap_or(1) as usize,
         };
@@ -2631,13 +2662,12 @@ impl CudaBackend {
         // sequence's logits would depend on what shares its steps.
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let att_group_ctx = match env_parse::<usize>("KILN_CUDA_ATT_GROUP_CTX") {
-            _ if d.head_dim > 128
-                || d.head_dim % 8 != 0
-                || opts.invariant
-                || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
-            {
+            _ if opts.invariant || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") => {
                 usize::MAX
             }
+            // Head dims past 128: the deep kernels, whatever the group.
+            c if d.head_dim > 128 => c.unwrap_or(ATT_DEEP_CTX),
+            _ if d.head_dim % 8 != 0 => usize::MAX,
             Some(c) => c,
             None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
             None if float_o => ATT_GROUP_CTX,
@@ -3959,7 +3989,8 @@ impl CudaBackend {
     /// 666 tok/s against 961 with 16 slices, 1B Q4_0 shape).
     fn split_for(&self, batch: &Batch<'_>, reach: AttReach) -> usize {
         let d = &self.desc;
-        let grouped = reach == AttReach::Long;
+        // Long steps past head dim 128 take the deep kernels, a block a head.
+        let grouped = reach == AttReach::Long && att_dpl(d.head_dim) < 2;
         let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
         self.att_blocks
             .div_ceil(pairs)
@@ -4206,9 +4237,12 @@ impl CudaBackend {
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
                 let dpl = att_dpl(d.head_dim);
-                // `att_group_ctx` is usize::MAX for head dims past 128.
+                // Long steps: the grouped kernels up to head dim 128, the
+                // deep ones (16 warps a block) past it.
                 let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
+                let deep = reach == AttReach::Long && gqa.is_none() && dpl == 2;
                 let att_dec = match (grouped, fused) {
+                    _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (true, true) => self.k.attention_grouped_fused[dpl],
                     (true, false) => self.k.attention_grouped[dpl],
                     (false, true) => self.k.attention_fused[dpl],
@@ -4294,15 +4328,15 @@ impl CudaBackend {
                     && split >= 2
                     && split <= self.att_cluster_max
                 {
-                    let f = if l2w {
-                        self.k.attention_l2w[2]
-                    } else {
-                        self.k.attention_cl[dpl - 1][usize::from(fused)]
+                    let f = match () {
+                        _ if l2w => self.k.attention_l2w[2],
+                        _ if deep => self.k.attention_deep[1][usize::from(fused)],
+                        _ => self.k.attention_cl[dpl - 1][usize::from(fused)],
                     };
                     self.gpu.launch_cluster(
                         f,
                         (split as u32, att_heads as u32, n as u32),
-                        att_dec_threads(dpl, false),
+                        att_dec_threads(dpl, deep),
                         split as u32,
                         args.get(),
                     )?;
@@ -4311,7 +4345,7 @@ impl CudaBackend {
                     let block = if gqa.is_some() {
                         128
                     } else {
-                        att_dec_threads(dpl, grouped)
+                        att_dec_threads(dpl, grouped || deep)
                     };
                     let f = match (l2w, grouped) {
                         (true, true) => self.k.attention_grouped_l2w[dpl],
