@@ -572,7 +572,7 @@ att8)
   # binaries, each BIN[:VAR=v], default "kiln_a kiln_w kiln_p kiln"; $A8_DEPTHS the prompts;
   # A8_LOGITS=0 skips the logits).
   fixtures 240 cc
-  grep -E 'head dim 256' $OUT/checks.txt
+  grep -E 'head dim 256|deep' $OUT/checks.txt
   /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
   GIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(300)))")
   [ "${A8_LOGITS:-1}" = 1 ] && for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
