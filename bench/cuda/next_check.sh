@@ -34,6 +34,7 @@
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
 #   bash bench/cuda/next_check.sh gclu     # Gemma's decode attention past 256: the cluster merge at head dim 256 vs main, by depth
 #   bash bench/cuda/next_check.sh att8     # head dim 256's split attention: 8 warps / 4 rows in flight / both vs main, by depth
+#   bash bench/cuda/next_check.sh gbatch   # Gemma's batched decode at depth by attention build (S_TG by prompt and batch)
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -593,6 +594,16 @@ PY
       echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch 1 -p ${A8_DEPTHS:-16,256,1024,4096} -n 128 -r 2 2>&1 \
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
     done
+  done; done; date -u +%T ;;
+gbatch)
+  # NOTES.md item 113: Gemma-3-1B's batched decode at depth across the head-dim-256 attention
+  # changes (blocks of 8 / 16 warps hold an SM alone, so a batch's slices may take more waves):
+  # S_TG by prompt ($GB_P, default 256,2048) and batch ($GB_B, default 1,2,4,8,16), binaries
+  # $GB_BINS (default kiln_c kiln_a kiln: 4 warps, 8 warps, main), q4_k_m and bf16, one round.
+  /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
+  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do for b in ${GB_BINS:-kiln_c kiln_a kiln}; do
+    echo "$(basename $m) $b $(/tmp/$b bench $m --device cuda --batch ${GB_B:-1,2,4,8,16} -p ${GB_P:-256,2048} -n 64 -r 1 2>&1 \
+      | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d/b%d:%d ", $2, $4, $9}')"
   done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
