@@ -1138,6 +1138,7 @@ fn layout_check(
                 co.kv = KvTypes::F16;
             }
             let vars = [
+                "KILN_CUDA_ATT_DEEP",
                 "KILN_CUDA_ATT_GROUP",
                 "KILN_CUDA_ATT_GROUP_CTX",
                 "KILN_CUDA_ATT_SPLIT",
@@ -1146,6 +1147,14 @@ fn layout_check(
             ];
             let mut e = with_env_restored(&vars, || {
                 match layout {
+                    // Head dim 256: the deep kernels (steps of few blocks).
+                    Layout::Grouped if hd > 128 => {
+                        std::env::remove_var("KILN_CUDA_ATT_DEEP");
+                        if !on {
+                            std::env::set_var("KILN_CUDA_ATT_DEEP", "0");
+                        }
+                        std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
+                    }
                     Layout::Grouped => {
                         att_switch("KILN_CUDA_ATT_GROUP", on);
                         std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
@@ -1180,7 +1189,7 @@ fn layout_check(
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
     let (what, against, variants) = match layout {
-        Layout::Grouped if hd > 128 => ("deep (16 warps)", "8 warps a block", &[false, true][..]),
+        Layout::Grouped if hd > 128 => ("deep (16 warps)", "4 warps a block", &[false, true][..]),
         Layout::Grouped => ("grouped", "a block per head", &[false, true][..]),
         Layout::Wide => ("wide", "sliced blocks", &[false][..]),
     };
@@ -1324,7 +1333,8 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // and 128 dims, groups of 4 (the usual shapes), 7 (blocks of 4 and 3)
     // and 3 (one head a block a copy), float O weights (the L2-window
     // kernels) and Q8_0, an f16 cache; at head dim 256 the deep kernels
-    // (16 warps a block, the same switch) against 8 warps.
+    // (16 warps a block, in the one-sequence steps here; the two-sequence
+    // steps take 4 warps either way) against 4 warps (KILN_CUDA_ATT_DEEP=0).
     for (ty, hd, heads, f16) in [
         (GgmlType::Q8_0, 64, None, false),
         (GgmlType::F16, 64, None, false),

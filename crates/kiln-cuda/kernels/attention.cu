@@ -147,14 +147,14 @@ __device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_head
 // Warps a block of the split decode attention (attention_impl) for DPL
 // dims a lane and G query heads a block: one head, 8 for heads of up to 64
 // (half the positions each warp walks at long contexts; 61 registers, 4
-// blocks an SM still hold a one-sequence step's 512 blocks), 4 up to 128
-// (96-168 registers: 8 would take two waves), 8 up to 256 (Gemma 3: 4
-// heads x 16 slices, 64 blocks, so a block an SM is one wave and the
-// walk's rows in flight double; NOTES.md item 113); grouped (G = 4), 16:
-// as many warps an SM as four one-head blocks, each walking a quarter of
-// the positions for four heads (NOTES.md items 43, 62; backend.rs
+// blocks an SM still hold a one-sequence step's 512 blocks), 4 above
+// (96-168 registers: 8 would take two waves; at head dim 256, 8 lost 8-21%
+// in Gemma-3-1B's steps of 2-8 sequences, NOTES.md item 113: steps of few
+// blocks take the deep kernels instead); grouped (G = 4), 16: as many
+// warps an SM as four one-head blocks, each walking a quarter of the
+// positions for four heads (NOTES.md items 43, 62; backend.rs
 // att_dec_threads).
-#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 || (DPL) == 8 ? 8 : 4)
+#define ATT_DEC_WARPS(DPL, G) ((G) > 1 ? 16 : (DPL) <= 2 ? 8 : 4)
 #define ATT_DPL 8
 // K/V rows a warp of the decode attention keeps in flight (its first ones
 // loaded before the PDL wait): 4, 2 for head dims above 128 (registers; 4
@@ -738,7 +738,7 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
 // WN: warps a block, when not ATT_DEC_WARPS (the wide kernels, one slice,
 // att_wide_merge: 32 for head dims up to 64, 16 up to 128 and up to 256).
 // WD: warps a block of the split kernels, when not ATT_DEC_WARPS (the deep
-// kernels: 16 at head dim 256 past ATT_DEEP_CTX positions, backend.rs).
+// kernels: 16 at head dim 256 in steps of few blocks, backend.rs).
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0,
           int WD = 0>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
@@ -1131,10 +1131,11 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         attention_impl<KV, DPL, true, CLU, false, G, 0, WD>(ATT_F_ARGS);                               \
     }
 #define ATTENTION(D, F, DPL, CLU, KV, G) ATTENTION_LB(ATT_LB_##G##_##DPL, D, F, DPL, CLU, KV, G, 0)
-// The deep kernels (head dim 256 past ATT_DEEP_CTX, backend.rs): 16 warps
-// a block, each walking half the positions the 8 of ATTENTION's walk, held
-// to 128 registers (32-64 bytes spilled). Past 4,096 positions they read
-// 4-5% faster than 8 warps, at 256 1-2% slower (NOTES.md item 113).
+// The deep kernels (head dim 256, steps of at most ATT_DEEP_SM_SHARE of
+// the SMs' count in blocks, backend.rs): 16 warps a block, each walking a
+// quarter of the positions the 4 of ATTENTION's walk, held to 128 registers
+// (32-64 bytes spilled). Gemma-3-1B, one sequence: as fast as 4 warps at
+// 256 positions, +7% at 1,024, +18% at 4,096 (NOTES.md item 113).
 #define ATTENTION_DEEP(D, F, DPL, CLU, KV) ATTENTION_LB(__launch_bounds__(32 * 16, 1), D, F, DPL, CLU, KV, 1, 16)
 // Four query heads a block (G = 4), for long contexts (backend.rs AttReach).
 // The same over an f16 cache (`_h`).

@@ -736,13 +736,15 @@ const ATT_GROUP_CTX: usize = 512;
 /// cache, Q4_0 / Q4_K_M / Q8_0 +0.6 / +0.4 / +1.3%; 8B Q4_0 at 256-512: 455
 /// -> 459).
 const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
-/// Decode steps reaching this position or further take the deep decode
-/// attention at head dim 256 ([`AttReach::Long`]: 16 warps a block, where
-/// shorter steps take 8). Gemma-3-1B, 16 against 8 warps, S_TG at P = 256 /
-/// 1,024 / 4,096: Q4_K_M 1,010 / 992 / 955 against 1,020 / 984 / 910, bf16
-/// 884 / 864 / 837 against 901 / 860 / 802 (NOTES.md item 113).
-/// `$KILN_CUDA_ATT_GROUP_CTX` sets it, `$KILN_CUDA_ATT_GROUP=0` never.
-const ATT_DEEP_CTX: usize = 1024;
+/// Split decode attention steps at head dim 256 whose blocks ((query head,
+/// token, slice) triples) are at most the SMs' count over this take the
+/// deep kernels (16 warps a block against 4: a block then holds an SM
+/// alone). Gemma-3-1B (4 heads, 16 slices), one sequence, S_TG at P = 256 /
+/// 1,024 / 4,096: Q4_K_M 1,010 / 992 / 955 against 4 warps' 1,002 / 923 /
+/// 804; two to eight sequences (128-512 blocks) lost 8-21% with blocks
+/// that held an SM alone (8 warps; NOTES.md item 113). `$KILN_CUDA_ATT_DEEP=0`:
+/// never.
+const ATT_DEEP_SM_SHARE: usize = 2;
 /// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
 /// take the wide decode attention ([`AttReach::Wide`], head dims 64, 128
 /// and 256, fused): a block of 32 / 16 warps per query head and token, no slices, so no merge
@@ -774,8 +776,7 @@ enum AttReach {
     /// A block per query head, slices merged through global memory.
     Mid = 1,
     /// Some position at `att_group_ctx` or past: a block per four query
-    /// heads of a KV group (`attention_*g*`); at head dim 256, a block of
-    /// 16 warps per head (`attention_*d8`).
+    /// heads of a KV group (`attention_*g*`).
     Long = 2,
     /// Few tokens, every position below `att_wide_ctx`: a block of 32 (head
     /// dim 64) or 16 (128, 256) warps per query head, one slice
@@ -792,8 +793,8 @@ const ATT_REACHES: usize = AttReach::Wide as usize + 1;
 fn att_dec_threads(dpl: usize, grouped: bool) -> u32 {
     match (grouped, dpl) {
         (true, _) => 512,
-        (false, 1) => 128,
-        _ => 256,
+        (false, 0) => 256,
+        _ => 128,
     }
 }
 /// The decode attention kernels' size class for a head dim: up to 64 (0),
@@ -1282,7 +1283,7 @@ struct Kernels {
     /// window version: no float O takes one at that head dim).
     attention_wide256: cudarc::driver::sys::CUfunction,
     /// The split decode attention at head dim 256 with 16 warps a block,
-    /// past [`ATT_DEEP_CTX`] ([`AttReach::Long`]): `attention_dd8` /
+    /// for steps of few blocks ([`ATT_DEEP_SM_SHARE`]): `attention_dd8` /
     /// `fd8` ([0][_]), merged inside a cluster `attention_cdd8` / `cfd8`
     /// ([1][_]).
     attention_deep: [[cudarc::driver::sys::CUfunction; 2]; 2],
@@ -1790,6 +1791,11 @@ pub struct CudaBackend {
     /// ATT_SPLIT_MAX; 1: never, `$KILN_CUDA_ATT_CLUSTER=0`); larger splits
     /// merge through global memory.
     att_cluster_max: usize,
+    /// Most blocks a split decode attention step at head dim 256 may have
+    /// to take the deep kernels ([`ATT_DEEP_SM_SHARE`]; 0: never), and the
+    /// largest cluster of theirs.
+    att_deep_blocks: usize,
+    att_deep_cluster_max: usize,
     /// Steps whose positions are all below this take the cluster merge at
     /// head dims 65-128 ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`:
     /// every step; 0 where none can); 129-256 take it at every depth.
@@ -2446,21 +2452,35 @@ impl CudaBackend {
             2 => k.attention_cl[1]
                 .iter()
                 .map(|&f| (f, att_dec_threads(2, false)))
-                .chain(
-                    k.attention_deep[1]
-                        .iter()
-                        .map(|&f| (f, att_dec_threads(2, true))),
-                )
                 .collect(),
             _ => Vec::new(),
         };
-        let att_cluster_max = match att_cluster.as_deref() {
-            Some("0") => 1,
-            _ => cl_kernels
+        let cluster_max =
+            |fs: &[(cudarc::driver::sys::CUfunction, u32)]| match att_cluster.as_deref() {
+                Some("0") => 1,
+                _ => fs
+                    .iter()
+                    .map(|&(f, threads)| gpu.max_cluster(f, threads, ATT_SPLIT_MAX as u32))
+                    .min()
+                    .unwrap_or(1) as usize,
+            };
+        let att_cluster_max = cluster_max(&cl_kernels);
+        // The deep kernels (head dim 256, a block an SM): how many of their
+        // blocks a step may have, and the largest cluster of them.
+        let (att_deep_blocks, att_deep_cluster_max) = if att_dpl != 2
+            || opts.invariant
+            || std::env::var("KILN_CUDA_ATT_DEEP").is_ok_and(|v| v == "0")
+        {
+            (0, 1)
+        } else {
+            let deep_cl: Vec<_> = k.attention_deep[1]
                 .iter()
-                .map(|&(f, threads)| gpu.max_cluster(f, threads, ATT_SPLIT_MAX as u32))
-                .min()
-                .unwrap_or(1) as usize,
+                .map(|&f| (f, att_dec_threads(2, true)))
+                .collect();
+            (
+                gpu.info.sms as usize / ATT_DEEP_SM_SHARE,
+                cluster_max(&deep_cl),
+            )
         };
         // 0 where no step can take the cluster: then graphs are not keyed
         // apart by a bound that changes nothing.
@@ -2662,12 +2682,13 @@ impl CudaBackend {
         // sequence's logits would depend on what shares its steps.
         #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
         let att_group_ctx = match env_parse::<usize>("KILN_CUDA_ATT_GROUP_CTX") {
-            _ if opts.invariant || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") => {
+            _ if d.head_dim > 128
+                || d.head_dim % 8 != 0
+                || opts.invariant
+                || std::env::var("KILN_CUDA_ATT_GROUP").is_ok_and(|v| v == "0") =>
+            {
                 usize::MAX
             }
-            // Head dims past 128: the deep kernels, whatever the group.
-            c if d.head_dim > 128 => c.unwrap_or(ATT_DEEP_CTX),
-            _ if d.head_dim % 8 != 0 => usize::MAX,
             Some(c) => c,
             None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
             None if float_o => ATT_GROUP_CTX,
@@ -2767,6 +2788,8 @@ impl CudaBackend {
             ahead_plan: AheadPlan::default(),
             float_windows: false,
             att_cluster_max,
+            att_deep_blocks,
+            att_deep_cluster_max,
             att_cluster_ctx,
             att_group_ctx,
             att_wide_ctx,
@@ -3989,8 +4012,7 @@ impl CudaBackend {
     /// 666 tok/s against 961 with 16 slices, 1B Q4_0 shape).
     fn split_for(&self, batch: &Batch<'_>, reach: AttReach) -> usize {
         let d = &self.desc;
-        // Long steps past head dim 128 take the deep kernels, a block a head.
-        let grouped = reach == AttReach::Long && att_dpl(d.head_dim) < 2;
+        let grouped = reach == AttReach::Long;
         let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
         self.att_blocks
             .div_ceil(pairs)
@@ -4237,10 +4259,17 @@ impl CudaBackend {
             } else {
                 // Registers sized for the head: dims up to 64, 128, 256.
                 let dpl = att_dpl(d.head_dim);
-                // Long steps: the grouped kernels up to head dim 128, the
-                // deep ones (16 warps a block) past it.
+                // `att_group_ctx` is usize::MAX for head dims past 128.
                 let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
-                let deep = reach == AttReach::Long && gqa.is_none() && dpl == 2;
+                let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
+                // Head dim 256 in steps of few blocks: 16 warps a block.
+                let slices = if n <= self.att_split_tokens {
+                    split.max(1)
+                } else {
+                    1
+                };
+                let deep =
+                    dpl == 2 && gqa.is_none() && head_blocks * n * slices <= self.att_deep_blocks;
                 let att_dec = match (grouped, fused) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (true, true) => self.k.attention_grouped_fused[dpl],
@@ -4248,7 +4277,6 @@ impl CudaBackend {
                     (false, true) => self.k.attention_fused[dpl],
                     (false, false) => self.k.attention[dpl],
                 };
-                let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
                     None if n <= self.att_split_tokens => (att_dec, head_blocks, split),
@@ -4326,7 +4354,12 @@ impl CudaBackend {
                 } else if cluster_merge
                     && gqa.is_none()
                     && split >= 2
-                    && split <= self.att_cluster_max
+                    && split
+                        <= if deep {
+                            self.att_deep_cluster_max
+                        } else {
+                            self.att_cluster_max
+                        }
                 {
                     let f = match () {
                         _ if l2w => self.k.attention_l2w[2],
