@@ -32,7 +32,6 @@
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
 #   bash bench/cuda/next_check.sh wide     # the wide decode attention: fixtures, logits against main, tg256 by bound, timelines
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
-#   bash bench/cuda/next_check.sh gclu     # Gemma's decode attention past 256: the cluster merge at head dim 256 vs main, by depth
 #   bash bench/cuda/next_check.sh att8     # head dim 256's split attention: 8 warps / 4 rows in flight / both vs main, by depth
 #   bash bench/cuda/next_check.sh gbatch   # Gemma's batched decode at depth by attention build (S_TG by prompt and batch)
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
@@ -57,7 +56,8 @@
 # patterns and runs-of-32 kernels) at 3b4f541; the thirty-sixth's glu2 (item 107) at e2226b7.
 # The thirty-eighth and thirty-ninth sessions' branch checks (w256, ppair, pcg, pfit, pwe, pdlcg,
 # carve; NOTES.md items 110-112) and their helpers same_logits_say / tiny_vs_cpu are in git
-# history at f5c526e.
+# history at f5c526e. The fortieth's gclu (item 113, the cluster merge at head dim 256; `att8`
+# with $A8 covers it) at 41473ec.
 set -u
 MODE=${1:-verify}
 mkdir -p "$OUT"
@@ -537,31 +537,6 @@ swgather)
 import json
 a, b = (json.load(open(f'/tmp/sw_{c}.json'))['generated_ids'] for c in (256, 2048))
 print('  greedy ids, chunks of 256 vs one chunk:', sum(x == y for x, y in zip(a, b)), 'of', len(b), 'equal')" 2>&1 | tail -1
-  done; done; date -u +%T ;;
-gclu)
-  # NOTES.md item 113: Gemma 3's decode attention (head dim 256) past the wide kernel's 256
-  # positions merges its slices inside a cluster (branch clu8: attention_cd8 / cf8) instead of
-  # through global memory. kiln / cc: the branch; kiln_a / cc_a: main. Fixtures (the new
-  # "cluster merge, head dim 256" row), logits of 300 ids one at a time (positions 256-299 take
-  # the cluster) against main bit for bit, then S_TG at depths 16-4,096 for main, the branch,
-  # and the branch with 8 / 32 slices forced (32: past the cluster's 16, the global merge), two
-  # rounds alternated.
-  fixtures 240 cc
-  grep -E 'cluster merge' $OUT/checks.txt
-  /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
-  GIDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(300)))")
-  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
-    rm -f /tmp/a.bin /tmp/b.bin
-    /tmp/cc_a --logits $m "$GIDS" /tmp/a.bin 2>&1 | grep -c 'bit for bit' > /dev/null
-    /tmp/cc --logits $m "$GIDS" /tmp/b.bin > /tmp/b.txt 2>&1; grep 'together' /tmp/b.txt
-    cmp /tmp/a.bin /tmp/b.bin && echo "$(basename $m): logits of 300 ids = main, bit for bit ($(stat -c %s /tmp/b.bin) bytes)"
-  done; rm -f /tmp/a.bin /tmp/b.bin; date -u +%T
-  for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
-    for v in kiln_a: kiln: kiln:KILN_CUDA_ATT_SPLIT=8 kiln:KILN_CUDA_ATT_SPLIT=32; do
-      e=${v#*:}
-      echo "$(basename $m) $v $(env $e /tmp/${v%%:*} bench $m --device cuda --batch 1 -p 16,256,1024,4096 -n 128 -r 2 2>&1 \
-        | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
-    done
   done; done; date -u +%T ;;
 att8)
   # NOTES.md item 113: the split decode attention at head dim 256 (Gemma 3 past 256 positions)
