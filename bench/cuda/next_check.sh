@@ -574,10 +574,12 @@ gbatch)
   # NOTES.md item 113: Gemma-3-1B's batched decode at depth across the head-dim-256 attention
   # changes (blocks of 8 / 16 warps hold an SM alone, so a batch's slices may take more waves):
   # S_TG by prompt ($GB_P, default 256,2048) and batch ($GB_B, default 1,2,4,8,16), binaries
-  # $GB_BINS (default kiln_c kiln_a kiln: 4 warps, 8 warps, main), q4_k_m and bf16, one round.
+  # $GB_BINS (default kiln_c kiln_a kiln: 4 warps, 8 warps, main; each BIN[:VAR=v]), q4_k_m and
+  # bf16, one round.
   /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
-  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do for b in ${GB_BINS:-kiln_c kiln_a kiln}; do
-    echo "$(basename $m) $b $(/tmp/$b bench $m --device cuda --batch ${GB_B:-1,2,4,8,16} -p ${GB_P:-256,2048} -n 64 -r 1 2>&1 \
+  for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do for v in ${GB_BINS:-kiln_c kiln_a kiln}; do
+    b=${v%%:*}; e=""; [ "$b" != "$v" ] && e=${v#*:}
+    echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch ${GB_B:-1,2,4,8,16} -p ${GB_P:-256,2048} -n 64 -r 1 2>&1 \
       | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d/b%d:%d ", $2, $4, $9}')"
   done; done; date -u +%T ;;
 short)

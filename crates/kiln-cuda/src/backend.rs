@@ -745,6 +745,10 @@ const ATT_GROUP_CTX_Q8: [usize; 2] = [128, 256];
 /// that held an SM alone (8 warps; NOTES.md item 113). `$KILN_CUDA_ATT_DEEP=0`:
 /// never.
 const ATT_DEEP_SM_SHARE: usize = 2;
+/// Steps whose split attention at head dim 256 has more blocks than the
+/// deep kernels take, but would fit them with this many slices or more,
+/// take that split and the deep kernels (`$KILN_CUDA_ATT_DEEP_MIN_SPLIT`).
+const ATT_DEEP_MIN_SPLIT: usize = 8;
 /// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
 /// take the wide decode attention ([`AttReach::Wide`], head dims 64, 128
 /// and 256, fused): a block of 32 / 16 warps per query head and token, no slices, so no merge
@@ -1796,6 +1800,9 @@ pub struct CudaBackend {
     /// largest cluster of theirs.
     att_deep_blocks: usize,
     att_deep_cluster_max: usize,
+    /// Fewest slices a step's split may shrink to so that it takes the
+    /// deep kernels ([`ATT_DEEP_MIN_SPLIT`]).
+    att_deep_min_split: usize,
     /// Steps whose positions are all below this take the cluster merge at
     /// head dims 65-128 ([`ATT_CLUSTER_CTX`]; `$KILN_CUDA_ATT_CLUSTER=1`:
     /// every step; 0 where none can); 129-256 take it at every depth.
@@ -2790,6 +2797,8 @@ impl CudaBackend {
             att_cluster_max,
             att_deep_blocks,
             att_deep_cluster_max,
+            att_deep_min_split: env_parse("KILN_CUDA_ATT_DEEP_MIN_SPLIT")
+                .unwrap_or(ATT_DEEP_MIN_SPLIT),
             att_cluster_ctx,
             att_group_ctx,
             att_wide_ctx,
@@ -4014,10 +4023,25 @@ impl CudaBackend {
         let d = &self.desc;
         let grouped = reach == AttReach::Long;
         let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
-        self.att_blocks
+        let split = self
+            .att_blocks
             .div_ceil(pairs)
             .min(self.att_split)
-            .next_power_of_two()
+            .next_power_of_two();
+        // Head dim 256: fewer slices where that lets the step take the deep
+        // kernels (a block of 16 warps walks what 4 of 4 warps would); not
+        // where the split is forced (att_blocks unbounded).
+        if pairs * split > self.att_deep_blocks
+            && batch.len() <= self.att_split_tokens
+            && self.att_blocks != usize::MAX
+        {
+            let fit = self.att_deep_blocks / pairs.max(1);
+            let fit = if fit == 0 { 0 } else { 1 << fit.ilog2() };
+            if fit >= self.att_deep_min_split && fit < split {
+                return fit;
+            }
+        }
+        split
     }
 
     /// The step's GEMV matrices as (pointer, bytes), one slot per GEMV in
