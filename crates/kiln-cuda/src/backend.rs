@@ -748,6 +748,10 @@ const ATT_DEEP_SM_SHARE: usize = 2;
 /// Steps whose split attention at head dim 256 has more blocks than the
 /// deep kernels take, but would fit them with this many slices or more,
 /// take that split and the deep kernels (`$KILN_CUDA_ATT_DEEP_MIN_SPLIT`).
+/// Gemma-3-1B, two sequences (8 slices instead of 16), S_TG at P = 256 /
+/// 1,024 / 4,096: Q4_K_M 973 / 930 / 864 -> 969 / 948 / 919, bf16 826 / 794
+/// / 747 -> 833 / 813 / 790; 4 (four sequences) read within 1% (Q4_K_M) and
+/// bf16 +2.5% at 4,096, measured once (NOTES.md item 113).
 const ATT_DEEP_MIN_SPLIT: usize = 8;
 /// Steps of up to ATT_WIDE_TOKENS tokens whose positions are all below this
 /// take the wide decode attention ([`AttReach::Wide`], head dims 64, 128
