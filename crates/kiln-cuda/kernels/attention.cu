@@ -521,12 +521,15 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
         att_slice_put<DPL, W>(cp[warp], sacc[warp], f, M, L, hd, lane);
     }
     cluster_sync_all();
+    // Timeline marks as the global merge's: 3 past the barrier, 4 stored.
+    tl_mark(3);
     if (sp == 0 && warp < gn) {
         float os[DPL];
         const float* c = cp[warp];
         att_merge<DPL>([&](int k, int off) { return ld_cluster(c + off, k); }, S, hd, lane, os);
         int h = h0 + warp;
         att_store<DPL>(ob + (u64)h * hd, os, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+        tl_mark(4);
     }
     // The other blocks' shared memory is read: they may exit.
     cluster_sync_all();
