@@ -462,7 +462,8 @@ gsplit)
 timeline)
   # Stamps of single decode steps (NOTES.md item 65; the cache needs the timeline cubin too:
   # KILN_CUDA_TIMELINE=1 cuda_check --precompile sm_90; bench/cuda/timeline.py lays them out):
-  # $TL_MODELS at decode steps $TL_STEPS of `bench -p 16 -n 256 -r 1` (counted from the first
+  # $TL_MODELS at decode steps $TL_STEPS of `bench -p 16 -n $TL_N -r 1` (TL_N default 256; past
+  # 256 for steps past the wide attention; counted from the first
   # replay, warm-up included: about s positions behind it) for each binary in $TL_BINS (default
   # kiln), files to $OUT (tl_BIN_MODEL_STEP.tsv); then the same models' tg256 with the plain
   # build beside it, for the stamps' overhead. $TL_SYNTH: the synth folders to make first
@@ -475,7 +476,7 @@ timeline)
     for b in ${TL_BINS:-kiln}; do
       for st in ${TL_STEPS:-40 200}; do
         KILN_CUDA_TIMELINE=$st KILN_CUDA_TIMELINE_OUT=$OUT/tl_${b}_${tag}_$st.tsv \
-          /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|$b $m step $st: tg |"
+          /tmp/$b bench /tmp/$m --device cuda -p 16 -n ${TL_N:-256} -r 1 2>&1 | tg_of | sed "s|^|$b $m step $st: tg |"
       done
       echo "$b $m plain $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
     done
