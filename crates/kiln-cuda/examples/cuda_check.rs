@@ -1119,6 +1119,8 @@ fn fused_check_within(
 /// or 16 warps per query head, one slice; every step of up to 8 tokens here)
 /// against the backend's default without it (`KILN_CUDA_ATT_WIDE=0`): its
 /// positions spread over 32 or 16 warps, merged in shared memory.
+/// `Layout::Deep`: the same for head dim 256's deep kernels (16 warps a
+/// block in steps of few blocks) against 4 warps (`KILN_CUDA_ATT_DEEP=0`).
 fn layout_check(
     rows: &mut Vec<Row>,
     ty: GgmlType,
@@ -1147,10 +1149,10 @@ fn layout_check(
             ];
             let mut e = with_env_restored(&vars, || {
                 match layout {
-                    // Head dim 256: the deep kernels (steps of few blocks).
-                    Layout::Grouped if hd > 128 => {
-                        std::env::remove_var("KILN_CUDA_ATT_DEEP");
-                        if !on {
+                    Layout::Deep => {
+                        if on {
+                            std::env::remove_var("KILN_CUDA_ATT_DEEP");
+                        } else {
                             std::env::set_var("KILN_CUDA_ATT_DEEP", "0");
                         }
                         std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
@@ -1189,7 +1191,7 @@ fn layout_check(
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
     let (what, against, variants) = match layout {
-        Layout::Grouped if hd > 128 => ("deep (16 warps)", "4 warps a block", &[false, true][..]),
+        Layout::Deep => ("deep (16 warps)", "4 warps a block", &[false, true][..]),
         Layout::Grouped => ("grouped", "a block per head", &[false, true][..]),
         Layout::Wide => ("wide", "sliced blocks", &[false][..]),
     };
@@ -1231,6 +1233,7 @@ fn layout_check(
 enum Layout {
     Grouped,
     Wide,
+    Deep,
 }
 
 /// An attention layout switched by the backend's environment (`var`, e.g.
@@ -1332,9 +1335,7 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     // The grouped decode attention against a block per head: heads of 64
     // and 128 dims, groups of 4 (the usual shapes), 7 (blocks of 4 and 3)
     // and 3 (one head a block a copy), float O weights (the L2-window
-    // kernels) and Q8_0, an f16 cache; at head dim 256 the deep kernels
-    // (16 warps a block, in the one-sequence steps here; the two-sequence
-    // steps take 4 warps either way) against 4 warps (KILN_CUDA_ATT_DEEP=0).
+    // kernels) and Q8_0, an f16 cache.
     for (ty, hd, heads, f16) in [
         (GgmlType::Q8_0, 64, None, false),
         (GgmlType::F16, 64, None, false),
@@ -1346,11 +1347,18 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::F16, 128, Some((12, 4)), false),
         (GgmlType::Q8_0, 128, None, true),
         (GgmlType::F16, 64, None, true),
-        (GgmlType::Q8_0, 256, None, false),
-        (GgmlType::F16, 256, None, false),
-        (GgmlType::Q8_0, 256, None, true),
     ] {
         layout_check(&mut rows, ty, hd, heads, f16, Layout::Grouped);
+    }
+    // The deep decode attention at head dim 256 (16 warps a block: the
+    // one-sequence steps here, and the two-sequence ones at 8 slices)
+    // against 4 warps (KILN_CUDA_ATT_DEEP=0).
+    for (ty, f16) in [
+        (GgmlType::Q8_0, false),
+        (GgmlType::F16, false),
+        (GgmlType::Q8_0, true),
+    ] {
+        layout_check(&mut rows, ty, 256, None, f16, Layout::Deep);
     }
     // The wide decode attention (head dims 64, 128 and 256): Q8_0 O weights
     // (it writes their 8-bit input), float (its L2-window kernels up to

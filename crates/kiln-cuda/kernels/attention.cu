@@ -158,7 +158,7 @@ __device__ __forceinline__ void qkv_post_impl(float* qkv, int stride, int n_head
 #define ATT_DPL 8
 // K/V rows a warp of the decode attention keeps in flight (its first ones
 // loaded before the PDL wait): 4, 2 for head dims above 128 (registers; 4
-// there read 6-7% slower at Gemma-3-1B's positions 256-4,096, NOTES.md
+// there read 2-6.5% slower at Gemma-3-1B's positions 256-4,096, NOTES.md
 // item 113).
 #define ATT_PRE 4
 

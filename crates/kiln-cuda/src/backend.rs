@@ -2453,29 +2453,26 @@ impl CudaBackend {
         let att_cluster = std::env::var("KILN_CUDA_ATT_CLUSTER").ok();
         // The cluster kernels of this model's head dim (none up to 64).
         let att_dpl = att_dpl(d.head_dim);
-        // (kernel, threads a block).
         let cl_kernels: Vec<_> = match att_dpl {
             1 => k.attention_cl[0]
                 .iter()
                 .chain(&k.attention_l2w[2..])
-                .map(|&f| (f, att_dec_threads(1, false)))
+                .copied()
                 .collect(),
-            2 => k.attention_cl[1]
-                .iter()
-                .map(|&f| (f, att_dec_threads(2, false)))
-                .collect(),
+            2 => k.attention_cl[1].to_vec(),
             _ => Vec::new(),
         };
+        // The largest cluster all of `fs` (blocks of `threads`) can take.
         let cluster_max =
-            |fs: &[(cudarc::driver::sys::CUfunction, u32)]| match att_cluster.as_deref() {
+            |fs: &[cudarc::driver::sys::CUfunction], threads| match att_cluster.as_deref() {
                 Some("0") => 1,
                 _ => fs
                     .iter()
-                    .map(|&(f, threads)| gpu.max_cluster(f, threads, ATT_SPLIT_MAX as u32))
+                    .map(|&f| gpu.max_cluster(f, threads, ATT_SPLIT_MAX as u32))
                     .min()
                     .unwrap_or(1) as usize,
             };
-        let att_cluster_max = cluster_max(&cl_kernels);
+        let att_cluster_max = cluster_max(&cl_kernels, att_dec_threads(att_dpl, false));
         // The deep kernels (head dim 256, a block an SM): how many of their
         // blocks a step may have, and the largest cluster of them.
         let (att_deep_blocks, att_deep_cluster_max) = if att_dpl != 2
@@ -2484,13 +2481,9 @@ impl CudaBackend {
         {
             (0, 1)
         } else {
-            let deep_cl: Vec<_> = k.attention_deep[1]
-                .iter()
-                .map(|&f| (f, att_dec_threads(2, true)))
-                .collect();
             (
                 gpu.info.sms as usize / ATT_DEEP_SM_SHARE,
-                cluster_max(&deep_cl),
+                cluster_max(&k.attention_deep[1], att_dec_threads(2, true)),
             )
         };
         // 0 where no step can take the cluster: then graphs are not keyed
@@ -4039,8 +4032,9 @@ impl CudaBackend {
             && batch.len() <= self.att_split_tokens
             && self.att_blocks != usize::MAX
         {
-            let fit = self.att_deep_blocks / pairs.max(1);
-            let fit = if fit == 0 { 0 } else { 1 << fit.ilog2() };
+            let fit = (self.att_deep_blocks / pairs.max(1))
+                .checked_ilog2()
+                .map_or(0, |l| 1 << l);
             if fit >= self.att_deep_min_split && fit < split {
                 return fit;
             }
@@ -4290,14 +4284,12 @@ impl CudaBackend {
                 // `att_group_ctx` is usize::MAX for head dims past 128.
                 let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
                 let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
+                // Steps past att_split_tokens take one slice.
+                let split = if n <= self.att_split_tokens { split } else { 1 };
                 // Head dim 256 in steps of few blocks: 16 warps a block.
-                let slices = if n <= self.att_split_tokens {
-                    split.max(1)
-                } else {
-                    1
-                };
-                let deep =
-                    dpl == 2 && gqa.is_none() && head_blocks * n * slices <= self.att_deep_blocks;
+                let deep = dpl == 2
+                    && gqa.is_none()
+                    && head_blocks * n * split.max(1) <= self.att_deep_blocks;
                 let att_dec = match (grouped, fused) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (true, true) => self.k.attention_grouped_fused[dpl],
@@ -4307,8 +4299,7 @@ impl CudaBackend {
                 };
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
-                    None if n <= self.att_split_tokens => (att_dec, head_blocks, split),
-                    None => (att_dec, head_blocks, 1),
+                    None => (att_dec, head_blocks, split),
                 };
                 let shape = [
                     Arg::I(d.n_heads as i32),
