@@ -159,6 +159,54 @@ __device__ __forceinline__ void own_float4s_async(float4* dst, const float* __re
     cp_async_commit();
 }
 
+// A warp's work item in mvfn_impl: a whole row, or part `part` of a tail
+// row (chunks lo..hi).
+struct MvfPiece {
+    int row, lo, hi, part;
+};
+
+// The rows past a fused-norm GEMV's last whole round (rows % rstep of them)
+// leave the other warps idle while they stream. Split in tp parts over tp
+// warps of a block each, they take a tp-th of a round: the largest tp of
+// 2 / 4 / 8 dividing the block's warps with tp such rows a warp at most
+// (the 8B bf16 QKV: 6,144 rows on 4,224 warps, the last 1,920 rows in
+// halves). 1 when the split would not shorten the last round.
+#define MVF_TAIL_WARPS 8
+__device__ __forceinline__ int mvf_tail_parts(int rows, int rstep, int warps) {
+    int rem = rows % rstep, tp = 1;
+    while (rem && warps <= MVF_TAIL_WARPS && 2 * tp <= warps && warps % (2 * tp) == 0 && (u64)rem * 2 * tp <= (u64)rstep) tp *= 2;
+    return tp;
+}
+
+__device__ __forceinline__ MvfPiece mvf_piece(int r, int whole, int tp, int chunks) {
+    if (r < whole) return {r, 0, chunks, 0};
+    int q = r - whole, part = q % tp;
+    return {whole + q / tp, chunks * part / tp, chunks * (part + 1) / tp, part};
+}
+
+// A piece's first MVF_UNROLL loads a lane (mvf_row's first step).
+__device__ __forceinline__ void mvf_first_loads(const u8* __restrict__ W, u64 row_bytes, MvfPiece pc, int lane,
+                                                uint4* wv) {
+    const uint4* wr = (const uint4*)(W + (u64)pc.row * row_bytes) + pc.lo;
+#pragma unroll
+    for (int k = 0; k < MVF_UNROLL; k++) {
+        int c = lane + 32 * k;
+        if (c < pc.hi - pc.lo) wv[k] = ld_stream16(wr + c);
+    }
+}
+
+// Barrier 1 + g (g < MVF_TAIL_WARPS / 2; 0 is __syncthreads') for
+// `threads` threads of the block. Constant ids: ptxas reserves all 16 of a
+// block's barriers for a computed one.
+__device__ __forceinline__ void tail_barrier(int g, int threads) {
+    switch (g) {
+    case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
+    case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
+    case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
+    default: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
+    }
+}
+
 #define MVFN_THREADS 256
 // CudaOptions::fuse_norm for float weights (NOTES.md items 31, 71): mvf_impl
 // with the layer's RMSNorm inside. x is the residual stream (cols <=
@@ -183,15 +231,12 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
     int chunks = cols / E;
+    // Work items r, r + rstep, ...: whole rows below `whole`, then the tail
+    // rows' parts (mvf_tail_parts).
+    int tp = mvf_tail_parts(rows, rstep, blockDim.x >> 5);
+    int whole = rows - (tp > 1 ? rows % rstep : 0), end = whole + (rows - whole) * tp;
     uint4 wv[MVF_UNROLL];
-    if (r < rows) {
-        const uint4* wr = (const uint4*)(W + (u64)r * row_bytes);
-#pragma unroll
-        for (int k = 0; k < MVF_UNROLL; k++) {
-            int c = lane + 32 * k;
-            if (c < chunks) wv[k] = ld_stream16(wr + c);
-        }
-    }
+    if (r < end) mvf_first_loads(W, row_bytes, mvf_piece(r, whole, tp, chunks), lane, wv);
     // The norm's weights (a load-time table) before the wait, all of a
     // thread's at once: float4 i = threadIdx.x + k * blockDim.x (blockDim.x
     // >= MVFN_THREADS covers the row).
@@ -257,17 +302,10 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     tl_mark(1);
     float finv = 0.0f;
     bool scaled = false;
-    while (r < rows) {
+    while (r < whole) {
         float acc = mvf_row<T, true>((const uint4*)(W + (u64)r * row_bytes), chunks, lane, wv, sx);
         int rn = r + rstep;
-        if (rn < rows) {
-            const uint4* wn = (const uint4*)(W + (u64)rn * row_bytes);
-#pragma unroll
-            for (int k = 0; k < MVF_UNROLL; k++) {
-                int c = lane + 32 * k;
-                if (c < chunks) wv[k] = ld_stream16(wn + c);
-            }
-        }
+        if (rn < end) mvf_first_loads(W, row_bytes, mvf_piece(rn, whole, tp, chunks), lane, wv);
         acc = warp_sum(acc);
         if (lane == 0) {
             // Once a warp, after its first row's next loads have issued.
@@ -276,6 +314,21 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
             y[r] = __fmul_rn(acc, finv) + (bias ? bias[r] : 0.0f);
         }
         r = rn;
+    }
+    if (r < end) {
+        // A tail row's parts are tp consecutive warps of this block, summed
+        // in part order by the first: the same bits whichever ends first.
+        __shared__ float tail_sum[MVF_TAIL_WARPS];
+        MvfPiece pc = mvf_piece(r, whole, tp, chunks);
+        const uint4* wr = (const uint4*)(W + (u64)pc.row * row_bytes) + pc.lo;
+        float acc = warp_sum(mvf_row<T, true>(wr, pc.hi - pc.lo, lane, wv, sx + pc.lo * (E / 4)));
+        if (lane == 0 && pc.part) tail_sum[warp] = acc;
+        tail_barrier(warp / tp, 32 * tp);
+        if (lane == 0 && pc.part == 0) {
+            for (int k = 1; k < tp; k++) acc += tail_sum[warp + k];
+            if (!scaled) finv = (float)parts_inv(part, blockDim.x >> 5, cols, eps);
+            y[pc.row] = __fmul_rn(acc, finv) + (bias ? bias[pc.row] : 0.0f);
+        }
     }
     tl_mark(2);
 }
