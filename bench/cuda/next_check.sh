@@ -34,7 +34,7 @@
 #   bash bench/cuda/next_check.sh swgather # the sliding-window K/V gather in chunked prefill: fixtures, Gemma-3-1B after 1,500 ids
 #   bash bench/cuda/next_check.sh att8     # head dim 256's split attention: 8 warps / 4 rows in flight / both vs main, by depth
 #   bash bench/cuda/next_check.sh gbatch   # Gemma's batched decode at depth by attention build (S_TG by prompt and batch)
-#   bash bench/cuda/next_check.sh tail     # the float fused-norm GEMV's last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
+#   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -585,23 +585,27 @@ gbatch)
       | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d/b%d:%d ", $2, $4, $9}')"
   done; done; date -u +%T ;;
 tail)
-  # NOTES.md item 114: the float fused-norm GEMV's last round split over a block's warps
-  # (branch tail-split, kiln / cc) against main (kiln_a / cc_a): fixtures (their new rows:
-  # 6,144- and 5,120-row QKV products), the 8B / 1B bf16 logits against main's (largest
-  # difference over the largest |logit|, argmax kept; logits_diff.py's blocks: prefill,
-  # decode, decode without graphs, kiln-cpu), tg256 p16 alternated over $TS_ROUNDS (default
-  # 2) rounds on $TS_SHAPES, then the branch's stamps at step 40 (8B).
-  fixtures
-  for S in ${TS_SHAPES:-Llama-3.1-8B Llama-3.2-1B}; do /tmp/kiln synth $S /tmp/ts-$S --types "" > /dev/null 2>&1; done; date -u +%T
-  for S in ${TS_SHAPES:-Llama-3.1-8B Llama-3.2-1B}; do
-    /tmp/cc_a --logits /tmp/ts-$S/hf "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits /tmp/ts-$S/hf "$IDS" /tmp/b.bin > /dev/null 2>&1
-    echo "$S bf16 branch vs main:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 128256 4
+  # NOTES.md item 114: the fused-norm GEMVs' last round split over a block's warps (branch
+  # tail-split, kiln / cc) against main (kiln_a / cc_a): fixtures (their new rows: 6,144- and
+  # 5,120-row float QKV products, the quantized ones at 4,096 columns), the 8B bf16 logits
+  # against main's (largest difference over the largest |logit|: logits_diff.py's blocks
+  # prefill, decode, decode without graphs, kiln-cpu), the quantized $TS_TYPES' bit for bit,
+  # tg256 p16 alternated over $TS_ROUNDS (default 2) rounds (8B: hf and $TS_TYPES; 1B: $TS_1B),
+  # then the branch's stamps at step 40 (8B $TS_TL, default q4_k_m).
+  TT=${TS_TYPES:-q4_k_m q8_0}
+  fixtures 240
+  /tmp/kiln synth Llama-3.1-8B /tmp/ts8 --types $(gguf_types $TT) > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.2-1B /tmp/ts1 --types $(gguf_types ${TS_1B:-q4_k_m}) > /dev/null 2>&1; date -u +%T
+  /tmp/cc_a --logits /tmp/ts8/hf "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits /tmp/ts8/hf "$IDS" /tmp/b.bin > /dev/null 2>&1
+  echo "8B bf16 branch vs main:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 128256 4
+  for t in $TT; do same_logits /tmp/ts8/model-$t.gguf && echo "8B $t: branch = main, bit for bit"; done; date -u +%T
+  for r in $(seq ${TS_ROUNDS:-2}); do
+    for m in ts8/hf $(for t in $TT; do echo ts8/model-$t.gguf; done) $(for t in ${TS_1B:-q4_k_m}; do echo ts1/model-$t.gguf; done); do
+      for b in kiln_a kiln; do echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"; done
+    done
   done; date -u +%T
-  for r in $(seq ${TS_ROUNDS:-2}); do for S in ${TS_SHAPES:-Llama-3.1-8B Llama-3.2-1B}; do for b in kiln_a kiln; do
-    echo "$S bf16 $b $(/tmp/$b bench /tmp/ts-$S/hf --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"
-  done; done; done; date -u +%T
-  KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_kiln_t8_hf_40.tsv \
-    /tmp/kiln bench /tmp/ts-Llama-3.1-8B/hf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|stamped: |" ;;
+  KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_kiln_t8_${TS_TL:-q4_k_m}_40.tsv \
+    /tmp/kiln bench /tmp/ts8/model-${TS_TL:-q4_k_m}.gguf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|stamped: |" ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
