@@ -599,6 +599,9 @@ tail)
   /tmp/cc_a --logits /tmp/ts8/hf "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/cc --logits /tmp/ts8/hf "$IDS" /tmp/b.bin > /dev/null 2>&1
   echo "8B bf16 branch vs main:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 128256 4
   for t in $TT; do same_logits /tmp/ts8/model-$t.gguf && echo "8B $t: branch = main, bit for bit"; done; date -u +%T
+  # Whether float weights keep batch invariance (the fused norm's deferred scale at one token):
+  ids4=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
+  for b in cc_a cc; do echo "== 1B bf16 invariant, $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/ts1/hf "$ids4" /tmp/inv.bin 2>/dev/null | tail -3; done
   for r in $(seq ${TS_ROUNDS:-2}); do
     for m in ts8/hf $(for t in $TT; do echo ts8/model-$t.gguf; done) $(for t in ${TS_1B:-q4_k_m}; do echo ts1/model-$t.gguf; done); do
       for b in kiln_a kiln; do echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"; done
