@@ -586,8 +586,9 @@ gbatch)
   done; done; date -u +%T ;;
 tail)
   # NOTES.md item 114: the fused-norm GEMVs' last round split over a block's warps (branch
-  # tail-split, kiln / cc) against main (kiln_a / cc_a): fixtures (their new rows: 6,144- and
-  # 5,120-row float QKV products, the quantized ones at 4,096 columns), the 8B bf16 logits
+  # tail-split, kiln / cc; the quantized halves of branch tail-split-q, not kept) against main
+  # (kiln_a / cc_a): fixtures (their new rows: 6,144- and 5,120-row float QKV products;
+  # tail-split-q's: the quantized ones at 4,096 columns), the 8B bf16 logits
   # against main's (largest difference over the largest |logit|: logits_diff.py's blocks
   # prefill, decode, decode without graphs, kiln-cpu), the quantized $TS_TYPES' bit for bit,
   # tg256 p16 alternated over $TS_ROUNDS (default 2) rounds (8B: hf and $TS_TYPES; 1B: $TS_1B),

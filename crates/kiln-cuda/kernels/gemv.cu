@@ -195,7 +195,7 @@ __device__ __forceinline__ void mvf_first_loads(const u8* __restrict__ W, u64 ro
     }
 }
 
-// Barrier 1 + g (g < 8; 0 is __syncthreads') for
+// Barrier 1 + g (g < MVF_TAIL_WARPS / 2; 0 is __syncthreads') for
 // `threads` threads of the block. Constant ids: ptxas reserves all 16 of a
 // block's barriers for a computed one.
 __device__ __forceinline__ void tail_barrier(int g, int threads) {
@@ -203,11 +203,7 @@ __device__ __forceinline__ void tail_barrier(int g, int threads) {
     case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
     case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
     case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
-    case 3: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
-    case 4: asm volatile("bar.sync 5, %0;" ::"r"(threads) : "memory"); break;
-    case 5: asm volatile("bar.sync 6, %0;" ::"r"(threads) : "memory"); break;
-    case 6: asm volatile("bar.sync 7, %0;" ::"r"(threads) : "memory"); break;
-    default: asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory"); break;
+    default: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
     }
 }
 
@@ -1371,20 +1367,13 @@ __device__ __forceinline__ void stage_post_norm_xq(int4* sq, float* sd, float* s
     stage_norm_regs(sq, sd, ss, sx, xv, gw, eps, cols, part);
 }
 
-// Unit u's sum against the staged x.
-template <int T>
-__device__ __forceinline__ float rterm(const uint4* q, u16 d, int u, const int4* sq, const float* sd,
-                                       const float* ss) {
-    int xv[8];
-    xq_words(sq[2 * u], sq[2 * u + 1], xv);
-    return rdot<T>(q, d, xv, sd[u], ss[u]);
-}
-
 // acc plus unit u against the staged x.
 template <int T>
 __device__ __forceinline__ float racc(float acc, const uint4* q, u16 d, int u, const int4* sq, const float* sd,
                                       const float* ss) {
-    return __fadd_rn(acc, rterm<T>(q, d, u, sq, sd, ss));
+    int xv[8];
+    xq_words(sq[2 * u], sq[2 * u + 1], xv);
+    return __fadd_rn(acc, rdot<T>(q, d, xv, sd[u], ss[u]));
 }
 
 // Ranges of 32 gate|up outputs one block of a GLU mvqs takes at most (the
@@ -1414,16 +1403,6 @@ template <bool NORM, bool GLU>
 __device__ __forceinline__ MvqsSmem<NORM, GLU>& mvqs_smem() {
     __shared__ MvqsSmem<NORM, GLU> m;
     return m;
-}
-
-// Whether a QKV product (mvqs_impl, NORM) takes its rows past the last whole round
-// (rows % rstep) in halves, a pair of warps a row: when they fit a warp each and a row is
-// two chunks of `chunk` units (the 8B Q4_K / Q6_K rows at two units a lane), whose second
-// round trip the halves then take side by side. A row of one chunk gains nothing (its
-// loads are all in flight at once).
-__device__ __forceinline__ bool mvqs_tail_halves(int rows, int rstep, int units, int chunk) {
-    int rem = rows % rstep;
-    return rem && 2 * rem <= rstep && units % 64 == 0 && units > chunk && units <= 2 * chunk;
 }
 
 // Unit u0 + 32 k for mvqs_impl: at constant offsets (rload_k) in the fused
@@ -1456,8 +1435,7 @@ __device__ __forceinline__ void mvqs_load(const u8* __restrict__ row, int u0, in
 // bytes in flight as on a long row instead of one row's few (Gemma 3's 1,152 columns of
 // Q5_0: 36 units against the 128 that four a lane cover); each row still summed a lane
 // in increasing unit order, so the same bits.
-template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, bool POST = false, int R = 1,
-          bool TAIL = true>
+template <int T, int U, bool NORM = false, bool RES = false, bool GLU = false, bool POST = false, int R = 1>
 __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
                                           const float* __restrict__ xs, float* __restrict__ y,
@@ -1612,27 +1590,11 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         leave();
         return;
     }
-    // The QKV products' rows past the last whole round in halves (mvqs_tail_halves): items
-    // below `whole` are whole rows, whole + q half q & 1 of row whole + q / 2.
-    // (U <= 2: a 4,096-column row is one chunk at four units a lane.)
-    constexpr bool TS = NORM && !GLU && U <= 2 && TAIL;
-    int whole = TS && mvqs_tail_halves(rows, rstep, units, 32 * U) ? rows - rows % rstep : rows;
-#define tend (2 * rows - whole)
-    // Half h's first loads (its units ulo.. below uhi: one chunk).
-    auto load_half = [&](int it) {
-        int h = (it - whole) & 1, ulo = h ? units >> 1 : 0, uhi = h ? units : units >> 1;
-        const u8* row = W + (u64)(whole + ((it - whole) >> 1)) * row_bytes;
-#pragma unroll
-        for (int k = 0; k < U; k++)
-            if (ulo + lane + 32 * k < uhi) mvqs_load<T, NORM || RES>(row, ulo + lane, k, cols, q[k], &d[k]);
-    };
-    if (r < whole) {
+    if (r < rows) {
         const u8* row = W + (u64)r * row_bytes;
 #pragma unroll
         for (int k = 0; k < U; k++)
             if (lane + 32 * k < units) mvqs_load<T, NORM || RES>(row, lane, k, cols, q[k], &d[k]);
-    } else if (TS && r < tend) {
-        load_half(r);
     }
     float yr = res_early<RES>(y, r, rows, lane), yn = 0.0f;
     load_gw();
@@ -1640,7 +1602,7 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
     stage();
     float acc = 0.0f;
     int u0 = lane;
-    while (r < whole) {
+    while (r < rows) {
 #pragma unroll
         for (int k = 0; k < U; k++)
             if (u0 + 32 * k < units) acc = racc<T>(acc, q[k], d[k], u0 + 32 * k, sq, sd, ss);
@@ -1652,14 +1614,12 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
             rn = GLU ? glu_row(j + nw, inter, rows) : r + rstep;
             u0 = lane;
         }
-        if (rn < whole) {
+        if (rn < rows) {
             const u8* row = W + (u64)rn * row_bytes;
 #pragma unroll
             for (int k = 0; k < U; k++)
                 if (u0 + 32 * k < units) mvqs_load<T, NORM || RES>(row, u0, k, cols, q[k], &d[k]);
             if (RES && end) yn = res_early<RES>(y, rn, rows, lane);
-        } else if (TS && rn < tend) {
-            load_half(rn);
         }
         if (end) {
             finish(acc, r, j, yr);
@@ -1669,34 +1629,6 @@ __device__ __forceinline__ void mvqs_impl(const u8* __restrict__ W, u64 row_byte
         }
         r = rn;
     }
-    if (TS && r < tend) {
-        // Warps 2i and 2i + 1 of the block take a row's halves. Each lane sums its units in
-        // increasing order as on a whole row: the first half's lane sums go through shared
-        // memory (sx, free once x is staged) to the second half's, which adds its own after
-        // them, so the same bits.
-        int h = (r - whole) & 1, ulo = h ? units >> 1 : 0, uhi = h ? units : units >> 1;
-        float t[U];
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            int u = ulo + lane + 32 * k;
-            t[k] = u < uhi ? rterm<T>(q[k], d[k], u, sq, sd, ss) : 0.0f;
-        }
-        if (h == 0) {
-#pragma unroll
-            for (int k = 0; k < U; k++)
-                if (ulo + lane + 32 * k < uhi) acc = __fadd_rn(acc, t[k]);
-            ((float*)sx)[32 * (warp >> 1) + lane] = acc;
-        }
-        tail_barrier(warp >> 1, 64);
-        if (h) {
-            acc = ((float*)sx)[32 * (warp >> 1) + lane];
-#pragma unroll
-            for (int k = 0; k < U; k++)
-                if (ulo + lane + 32 * k < uhi) acc = __fadd_rn(acc, t[k]);
-            finish(acc, whole + ((r - whole) >> 1), j, yr);
-        }
-    }
-#undef tend
     leave();
 }
 
@@ -1899,15 +1831,12 @@ __device__ __forceinline__ void mvqsnp_impl(const u8* W, u64 row_bytes, int rows
                                             const float* bias, const float* nw, float eps, const u8* W2,
                                             u64 row_bytes2, int rows2, int blocks1, const float* yp = nullptr,
                                             const float* pw = nullptr, float* xo = nullptr) {
-    // The tail halves only where both matrices may take them (the Q5_0 / Q8_0 pair spills
-    // 8 more bytes with them for its V alone, whose rows are never 64-unit multiples).
-    constexpr bool TAIL = U1 <= 2 && U2 <= 2;
     if ((int)blockIdx.x < blocks1)
-        mvqs_impl<T1, U1, true, false, false, POST, R1, TAIL>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias,
+        mvqs_impl<T1, U1, true, false, false, POST, R1>(W, row_bytes, rows, cols, nullptr, nullptr, nullptr, y, bias,
                                                         x, nw, eps, 0, 0, nullptr, nullptr, nullptr, blockIdx.x,
                                                         blocks1, yp, pw, xo);
     else
-        mvqs_impl<T2, U2, true, false, false, POST, R2, TAIL>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr,
+        mvqs_impl<T2, U2, true, false, false, POST, R2>(W2, row_bytes2, rows2, cols, nullptr, nullptr, nullptr,
                                                         y + rows, bias ? bias + rows : nullptr, x, nw, eps, 0, 0,
                                                         nullptr, nullptr, nullptr, blockIdx.x - blocks1,
                                                         gridDim.x - blocks1, yp, pw, xo);
