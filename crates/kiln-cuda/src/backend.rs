@@ -869,7 +869,9 @@ pub struct CudaOptions {
     /// sequence alone, whatever else shares its steps (as the CPU backend).
     /// Steps of at most 64 tokens, all products through the per-token GEMV
     /// kernels (no cuBLAS), one attention kernel with a fixed split for every
-    /// token. Costs prefill speed (weights read once per 64 tokens) and
+    /// token, and the separate add_norm for float weights and post-norm
+    /// layers ([`CudaOptions::fuse_norm`]'s kernels round those apart from
+    /// it). Costs prefill speed (weights read once per 64 tokens) and
     /// batched decode above 8 sequences. `$KILN_CUDA_INVARIANT=1` sets the
     /// default.
     pub invariant: bool,
@@ -2810,8 +2812,17 @@ impl CudaBackend {
             blas,
             gpu,
         };
-        be.fuse_norm = opts.fuse_norm && be.norm_fusable();
-        be.fuse_post = opts.fuse_norm && be.post_fusable();
+        // Batch-invariant runs: a sequence alone decodes one token a step (the fused kernels),
+        // in a batch several (add_norm apart). The float fused norm scales a row's sum by 1 /
+        // rms at its end where add_norm scales x first, and the post-norm staging sums y's
+        // squares in its block's order, not add_norm's: both last-bit apart, so those runs keep
+        // add_norm there (the quantized pre-norm kernels stage add_norm's bits).
+        let float_norm = be
+            .layers
+            .iter()
+            .any(|l| l.qkv.is_float() || l.gate_up.is_float());
+        be.fuse_norm = opts.fuse_norm && !(opts.invariant && float_norm) && be.norm_fusable();
+        be.fuse_post = opts.fuse_norm && !opts.invariant && be.post_fusable();
         be.ahead_plan = AheadPlan::new(&be.reading_order());
         be.float_windows = be
             .layers
