@@ -35,6 +35,7 @@
 #   bash bench/cuda/next_check.sh att8     # head dim 256's split attention: 8 warps / 4 rows in flight / both vs main, by depth
 #   bash bench/cuda/next_check.sh gbatch   # Gemma's batched decode at depth by attention build (S_TG by prompt and batch)
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
+#   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -610,6 +611,21 @@ tail)
   done; date -u +%T
   KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_kiln_t8_${TS_TL:-q4_k_m}_40.tsv \
     /tmp/kiln bench /tmp/ts8/model-${TS_TL:-q4_k_m}.gguf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|stamped: |" ;;
+invf)
+  # NOTES.md item 114: batch invariance where the fused norm rounds apart from add_norm (float
+  # weights, post-norm layers), main (cc_a) against the branch (cc): 2-4 sequences decoded
+  # together against alone, bit for bit, on 1B bf16 and Gemma-3-1B bf16 / Q4_K_M; the branch's
+  # fixtures in invariant mode; invariant tg256 of both builds (its price).
+  /tmp/kiln synth Llama-3.2-1B /tmp/iv1 --types "" > /dev/null 2>&1
+  /tmp/kiln synth Gemma-3-1B /tmp/ivg --types q4_k_m > /dev/null 2>&1; date -u +%T
+  ids4=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
+  for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in cc_a cc; do
+    echo "== $m $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/$m "$ids4" /tmp/inv.bin 2>/dev/null | tail -3
+  done; done; date -u +%T
+  KILN_CUDA_INVARIANT=1 fixtures 300
+  for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in kiln_a kiln; do
+    echo "$m invariant $b $(KILN_CUDA_INVARIANT=1 /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
