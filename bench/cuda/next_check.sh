@@ -36,6 +36,7 @@
 #   bash bench/cuda/next_check.sh gbatch   # Gemma's batched decode at depth by attention build (S_TG by prompt and batch)
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
+#   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -626,6 +627,14 @@ invf)
   for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in kiln_a kiln; do
     echo "$m invariant $b $(KILN_CUDA_INVARIANT=1 /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; date -u +%T ;;
+tgab)
+  # tg256 p16 of kiln_a (main) and kiln (the branch) alternated, $TG_ROUNDS rounds (default 2), on
+  # $TG_SHAPES (default: the float shapes a fused-norm change reaches) in $TG_TYPES (default hf).
+  SH=${TG_SHAPES:-Gemma-3-1B Qwen3-0.6B SmolLM2-360M Llama-3.2-1B}; TT=${TG_TYPES:-hf}
+  for S in $SH; do /tmp/kiln synth $S /tmp/tg-$S --types "$(gguf_types $TT)" > /dev/null 2>&1; done; date -u +%T
+  for r in $(seq ${TG_ROUNDS:-2}); do for S in $SH; do for t in $TT; do for b in kiln_a kiln; do
+    echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/tg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; done; date -u +%T ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is
