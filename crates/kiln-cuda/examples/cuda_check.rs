@@ -1418,9 +1418,9 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         });
     }
     // QKV products of more rows than the float fused-norm GEMV has resident
-    // warps (528 blocks of 8 on 132 SMs): its last round's rows in halves
-    // (64 / 16 heads of 64: 6,144 rows, the 8B's) and in quarters (64 / 8:
-    // 5,120), summed apart from the separate kernels' whole rows.
+    // warps (528 blocks of 8 on 132 SMs): its last round's rows (1,920 of
+    // 64 / 16 heads of 64: 6,144 rows, the 8B's count; 896 of 64 / 8's 5,120)
+    // in halves, summed apart from the separate kernels' whole rows.
     for heads in [(64, 16), (64, 8)] {
         fused_check_within(
             &mut rows,

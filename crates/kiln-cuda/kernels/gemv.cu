@@ -168,13 +168,17 @@ struct MvfPiece {
 // The rows past a fused-norm GEMV's last whole round (rows % rstep of them)
 // leave the other warps idle while they stream. Split in tp parts over tp
 // warps of a block each, they take a tp-th of a round: the largest tp of
-// 2 / 4 / 8 dividing the block's warps with tp such rows a warp at most
-// (the 8B bf16 QKV: 6,144 rows on 4,224 warps, the last 1,920 rows in
-// halves). 1 when the split would not shorten the last round.
+// 2 / 4 / 8 dividing the block's warps with tp such rows a warp at most and
+// a step (32 x MVF_UNROLL chunks) a part at least (the 8B bf16 QKV: 6,144
+// rows of 4 steps on 4,224 warps, the last 1,920 rows in halves). A row of
+// one step has all its loads in flight at once: split, it lost (SmolLM2-360M
+// bf16 -5.7%, its gate|up rows in quarters; NOTES.md item 114).
 #define MVF_TAIL_WARPS 8
-__device__ __forceinline__ int mvf_tail_parts(int rows, int rstep, int warps) {
-    int rem = rows % rstep, tp = 1;
-    while (rem && warps <= MVF_TAIL_WARPS && 2 * tp <= warps && warps % (2 * tp) == 0 && (u64)rem * 2 * tp <= (u64)rstep) tp *= 2;
+__device__ __forceinline__ int mvf_tail_parts(int rows, int rstep, int warps, int chunks) {
+    int rem = rows % rstep, steps = (chunks + 32 * MVF_UNROLL - 1) / (32 * MVF_UNROLL), tp = 1;
+    while (rem && warps <= MVF_TAIL_WARPS && 2 * tp <= warps && warps % (2 * tp) == 0 && 2 * tp <= steps &&
+           (u64)rem * 2 * tp <= (u64)rstep)
+        tp *= 2;
     return tp;
 }
 
@@ -233,7 +237,7 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     int chunks = cols / E;
     // Work items r, r + rstep, ...: whole rows below `whole`, then the tail
     // rows' parts (mvf_tail_parts).
-    int tp = mvf_tail_parts(rows, rstep, blockDim.x >> 5);
+    int tp = mvf_tail_parts(rows, rstep, blockDim.x >> 5, chunks);
     int whole = rows - (tp > 1 ? rows % rstep : 0), end = whole + (rows - whole) * tp;
     uint4 wv[MVF_UNROLL];
     if (r < end) mvf_first_loads(W, row_bytes, mvf_piece(r, whole, tp, chunks), lane, wv);
