@@ -1432,8 +1432,10 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
             |o, on| o.fuse_norm = on,
         );
     }
-    // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
+    // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without
+    // (F16: `mvfg_f16`, warp pairs of gate and up rows).
     for ty in [
+        GgmlType::F16,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
         GgmlType::Q4_1,

@@ -223,21 +223,37 @@ __device__ __forceinline__ void tail_barrier(int g, int threads) {
 // POST (post-norm layers, Gemma 3): x is first x + post_norm(yp; pw), as
 // add_norm would have made it (post_add's roundings; y's f64 sum of squares
 // in this block's order, not add_norm's), written to xo by block 0.
-template <int T, bool POST = false>
+// GLU (pre-norm, the gate|up product of a gated FFN, rows = 2 * inter):
+// act_mul's work too. Warps 2p and 2p + 1 of a block take gate row i and up
+// row inter + i of the same pairs i; the up warp hands its value to the gate
+// warp through shared memory, which writes y[i] = act(gate) * up as act_mul
+// does (the same bits).
+template <int T, bool POST = false, bool GLU = false>
 __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                           const float* __restrict__ x, float* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ nw,
                                           float eps, const float* __restrict__ yp = nullptr,
-                                          const float* __restrict__ pw = nullptr, float* __restrict__ xo = nullptr) {
+                                          const float* __restrict__ pw = nullptr, float* __restrict__ xo = nullptr,
+                                          int act = 0) {
     __shared__ float4 sx[AN_THREADS * AN_V / 4];
     __shared__ double part[32];
     constexpr int E = T == T_F32 ? 4 : 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp, rstep = gridDim.x * (blockDim.x >> 5);
+    if constexpr (GLU) {
+        // Items are pairs; the up warp's rows and biases start inter rows on.
+        r = blockIdx.x * (blockDim.x >> 6) + (warp >> 1);
+        rstep = gridDim.x * (blockDim.x >> 6);
+        rows >>= 1;
+        if (warp & 1) {
+            W += (u64)rows * row_bytes;
+            if (bias) bias += rows;
+        }
+    }
     int chunks = cols / E;
     // Work items r, r + rstep, ...: whole rows below `whole`, then the tail
     // rows' parts (mvf_tail_parts).
-    int tp = mvf_tail_parts(rows, rstep, blockDim.x >> 5, chunks);
+    int tp = GLU ? 1 : mvf_tail_parts(rows, rstep, blockDim.x >> 5, chunks);
     int whole = rows - (tp > 1 ? rows % rstep : 0), end = whole + (rows - whole) * tp;
     uint4 wv[MVF_UNROLL];
     if (r < end) mvf_first_loads(W, row_bytes, mvf_piece(r, whole, tp, chunks), lane, wv);
@@ -306,16 +322,28 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     tl_mark(1);
     float finv = 0.0f;
     bool scaled = false;
+    int glu_round = 0;
     while (r < whole) {
         float acc = mvf_row<T, true>((const uint4*)(W + (u64)r * row_bytes), chunks, lane, wv, sx);
         int rn = r + rstep;
         if (rn < end) mvf_first_loads(W, row_bytes, mvf_piece(rn, whole, tp, chunks), lane, wv);
         acc = warp_sum(acc);
+        float v = 0.0f;
         if (lane == 0) {
             // Once a warp, after its first row's next loads have issued.
             if (!scaled) finv = (float)parts_inv(part, blockDim.x >> 5, cols, eps);
             scaled = true;
-            y[r] = __fmul_rn(acc, finv) + (bias ? bias[r] : 0.0f);
+            v = __fmul_rn(acc, finv) + (bias ? bias[r] : 0.0f);
+            if (!GLU) y[r] = v;
+        }
+        if constexpr (GLU) {
+            // Two slots a pair by round: the up warp writes round k + 2's only after the
+            // barrier of round k + 1, which the gate warp reaches after reading round k's.
+            __shared__ float up[2][MVF_TAIL_WARPS / 2];
+            if (lane == 0 && (warp & 1)) up[glu_round & 1][warp >> 1] = v;
+            tail_barrier(warp >> 1, 64);
+            if (lane == 0 && !(warp & 1)) y[r] = activate(act, v) * up[glu_round & 1][warp >> 1];
+            glu_round++;
         }
         r = rn;
     }
@@ -337,8 +365,8 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
     tl_mark(2);
 }
 
-// mvf_* and its fused-norm (mvfn_*, mvfnq_* behind a post-norm) and residual
-// (mvfr_*) versions. mvfnq takes 83 registers, three blocks an SM; held to
+// mvf_* and its fused-norm (mvfn_*, mvfnq_* behind a post-norm, mvfg_* doing
+// act_mul's work too) and residual (mvfr_*) versions. mvfnq takes 83 registers, three blocks an SM; held to
 // four (64, spilling 48 bytes) Gemma-3-1B bf16 lost its gain (NOTES.md item 83).
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
@@ -359,6 +387,12 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
                                              const float* nw, float eps, const float* yp,           \
                                              const float* pw, float* xo) {                          \
         mvfn_impl<T, true>(W, row_bytes, rows, cols, x, y, bias, nw, eps, yp, pw, xo);              \
+    }                                                                                              \
+    extern "C" __global__ void mvfg_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,         \
+                                            const float* x, float* y, const float* bias,            \
+                                            const float* nw, float eps, int act) {                  \
+        mvfn_impl<T, false, true>(W, row_bytes, rows, cols, x, y, bias, nw, eps, nullptr, nullptr,  \
+                                  nullptr, act);                                                   \
     }
 
 MVF(f32, T_F32)

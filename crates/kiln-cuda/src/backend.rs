@@ -1243,9 +1243,10 @@ struct Kernels {
     mvqsgq: Vec<Option<[cudarc::driver::sys::CUfunction; 2]>>,
     mvqpgq: Vec<[Option<cudarc::driver::sys::CUfunction>; 2]>,
     /// The same for float weights (`mvfn_*`, `mvfr_*`; `mvfnq_*` behind a
-    /// post-norm), indexed as `mvf`.
+    /// post-norm; `mvfg_*` doing act_mul's work too), indexed as `mvf`.
     mvfn: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfnq: Vec<Option<cudarc::driver::sys::CUfunction>>,
+    mvfg: Vec<Option<cudarc::driver::sys::CUfunction>>,
     mvfr: Vec<Option<cudarc::driver::sys::CUfunction>>,
     quantize_q8: cudarc::driver::sys::CUfunction,
     softmax_causal: cudarc::driver::sys::CUfunction,
@@ -1348,6 +1349,7 @@ impl Kernels {
         let mut mvqpgq = vec![[None; 2]; 64];
         let mut mvfn = vec![None; 64];
         let mut mvfnq = vec![None; 64];
+        let mut mvfg = vec![None; 64];
         let mut mvfr = vec![None; 64];
         let mut mvf_nt = vec![None; 64];
         let mut mvq_nt = vec![None; 64];
@@ -1361,6 +1363,7 @@ impl Kernels {
                 mvf[id] = Some(gpu.func(&format!("mvf_{n}"))?);
                 mvfn[id] = Some(gpu.func(&format!("mvfn_{n}"))?);
                 mvfnq[id] = Some(gpu.func(&format!("mvfnq_{n}"))?);
+                mvfg[id] = Some(gpu.func(&format!("mvfg_{n}"))?);
                 mvfr[id] = Some(gpu.func(&format!("mvfr_{n}"))?);
                 mvf_nt[id] = Some(gpu.func(&format!("mvf_nt_{n}"))?);
             }
@@ -1503,6 +1506,7 @@ impl Kernels {
             mvqpgq,
             mvfn,
             mvfnq,
+            mvfg,
             mvfr,
             quantize_q8: gpu.func("quantize_q8")?,
             softmax_causal: gpu.func("softmax_causal")?,
@@ -3046,11 +3050,10 @@ impl CudaBackend {
                 Some((&self.k.mvqa, FusedLaunch::Preload)),
                 Some(&self.k.mvfr),
             ),
-            // No float version: the act_mul launch stays.
             Fuse::NormGlu { .. } => (
                 &self.k.mvqsg,
                 Some((&self.k.mvqpg, FusedLaunch::Staged)),
-                None,
+                Some(&self.k.mvfg),
             ),
         };
         // The GLU kernel's short-row version (pre-norm layers).
@@ -3169,7 +3172,11 @@ impl CudaBackend {
             act: act_kind(d.activation),
             post,
         };
-        (fused && self.fuse_glu && shape && self.proj_q8(&l.down, 1))
+        // The down product's x: 8-bit (the quantized GLU kernels quantize it) or, float
+        // weights both, f32 (`mvfg_*` writes it; pre-norm layers).
+        let x_for_down = self.proj_q8(&l.down, 1)
+            || (mvf_type_name(m.ty).is_some() && l.down.is_float() && !post.is_some());
+        (fused && self.fuse_glu && shape && x_for_down)
             .then_some(glu)
             .filter(|&g| self.fused_kernel(m, g).is_some())
     }
@@ -3287,7 +3294,7 @@ impl CudaBackend {
             }
             Fuse::NormGlu {
                 w: nw, eps, act, ..
-            } => {
+            } if launch != FusedLaunch::Float => {
                 let glu = [
                     Arg::P(nw),
                     Arg::F(eps),
@@ -3296,6 +3303,15 @@ impl CudaBackend {
                 ];
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true), tail])
             }
+            // The float GLU kernel writes the down product's f32 x to y.
+            Fuse::NormGlu {
+                w: nw, eps, act, ..
+            } if launch == FusedLaunch::Float => ArgList::of(&[
+                &w,
+                &[Arg::P(o.x)],
+                &out,
+                &[Arg::P(nw), Arg::F(eps), Arg::I(act)],
+            ]),
             _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
             _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
         };
@@ -3317,7 +3333,7 @@ impl CudaBackend {
             // 8B Q4_0 418 -> 278 tok/s.)
             grid = grid.min(self.resident_grid(f, block));
         }
-        if matches!(o.fuse, Fuse::NormGlu { .. }) {
+        if matches!(o.fuse, Fuse::NormGlu { .. }) && launch != FusedLaunch::Float {
             grid = glu_grid(mat.rows / 64, grid);
         }
         self.gpu.launch(f, (grid as u32, 1, 1), block, args.get())
@@ -4438,8 +4454,13 @@ impl CudaBackend {
             let gu_stride = l.gate_up.rows;
             let (gu_post, gu_x) = post_of(l.post_attn_norm.as_ref());
             if let Some(glu) = self.glu_fuse(l, fuse || pfuse, gu_post) {
-                // act_mul's work inside the gate|up GEMV (s.xq for down).
-                self.proj(&l.gate_up, gu_x, n, s.gu.ptr, gu_stride, true, glu, false)?;
+                // act_mul's work inside the gate|up GEMV (s.xq for down; float: s.act).
+                let y = if l.gate_up.is_float() {
+                    s.act.ptr
+                } else {
+                    s.gu.ptr
+                };
+                self.proj(&l.gate_up, gu_x, n, y, gu_stride, true, glu, false)?;
                 self.proj(&l.down, s.act.ptr, n, res_y, hid, true, res, false)?;
                 continue;
             }
