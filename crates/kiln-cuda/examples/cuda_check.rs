@@ -1432,10 +1432,19 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
             |o, on| o.fuse_norm = on,
         );
     }
-    // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without
-    // (F16: `mvfg_f16`, warp pairs of gate and up rows).
-    for ty in [
+    // act_mul inside the norm-fused gate|up GEMV, against the norm-fused run without.
+    // F16 at the 8B's 4,096 columns: `mvfg_f16` (warp pairs of gate and up rows; rows
+    // of at least 8 KB).
+    fused_check_within(
+        &mut rows,
+        "act_mul",
         GgmlType::F16,
+        128,
+        Some((32, 8)),
+        0.0,
+        |o, on| o.fuse_glu = on,
+    );
+    for ty in [
         GgmlType::Q4_0,
         GgmlType::Q5_0,
         GgmlType::Q4_1,
@@ -1481,10 +1490,13 @@ fn synth_llama_hd(
     hd: usize,
     heads: Option<(usize, usize)>,
 ) -> Result<Model, String> {
-    let (hid, q, kv, inter, vocab) = match hd {
-        128 => (1024usize, 8usize, 2usize, 2048usize, 32_000usize),
+    let (hid, q, kv, inter, vocab) = match (hd, heads) {
+        // Llama-3.1-8B's rows (4,096 values, 32 / 8 heads of 128), a smaller FFN and
+        // vocabulary.
+        (128, Some((32, 8))) => (4096usize, 32usize, 8usize, 4096usize, 32_000usize),
+        (128, _) => (1024, 8, 2, 2048, 32_000),
         // Gemma 3 1B's heads (4 / 1 of 256 on 1,152 values), Llama's layers.
-        256 => (1152, 4, 1, 2048, 32_000),
+        (256, _) => (1152, 4, 1, 2048, 32_000),
         _ => (2048, 32, 8, 8192, 128_256),
     };
     let (heads, kv_heads) = heads.unwrap_or((q, kv));

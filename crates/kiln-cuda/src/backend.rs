@@ -386,6 +386,13 @@ fn repack_rows(
 /// Rows per warp of the `mvq_*` kernels.
 pub(crate) const MVQ_ROWS: usize = 1;
 
+/// The float GLU kernel (`mvfg_*`: gate and up rows on warp pairs, act_mul's
+/// work at their end) for gate|up rows of at least this many bytes, four
+/// steps of `mvf_row`'s loads. Measured (NOTES.md item 114, tg256): 8B bf16
+/// (8 KB rows) 251.3 -> 257.3; 1B (4 KB) 1,213 -> 1,187, Qwen3-0.6B (2 KB)
+/// 1,373 -> 1,355, whose act_mul launch costs less than the pairs' lockstep.
+const MVFG_MIN_ROW_BYTES: usize = 8192;
+
 /// Widest row the streaming one-token GEMVs (`mvqs*`) stage x for
 /// (MVQS_COLS in gemv.cu), and their threads per block (a row per warp).
 const MVQS_COLS: usize = 16384;
@@ -3173,9 +3180,13 @@ impl CudaBackend {
             post,
         };
         // The down product's x: 8-bit (the quantized GLU kernels quantize it) or, float
-        // weights both, f32 (`mvfg_*` writes it; pre-norm layers).
+        // weights both, f32 (`mvfg_*` writes it; pre-norm layers, rows of at least
+        // MVFG_MIN_ROW_BYTES).
         let x_for_down = self.proj_q8(&l.down, 1)
-            || (mvf_type_name(m.ty).is_some() && l.down.is_float() && !post.is_some());
+            || (mvf_type_name(m.ty).is_some()
+                && m.row_bytes >= MVFG_MIN_ROW_BYTES
+                && l.down.is_float()
+                && !post.is_some());
         (fused && self.fuse_glu && shape && x_for_down)
             .then_some(glu)
             .filter(|&g| self.fused_kernel(m, g).is_some())
