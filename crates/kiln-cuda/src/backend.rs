@@ -892,14 +892,15 @@ pub struct CudaOptions {
     /// stream in those GEMVs, instead of two `add_norm` launches a layer:
     /// models whose layer matrices are all repacked Q4_0 (the streaming
     /// GEMV, which stages x per block anyway), Q4_K / Q5_K / Q6_K
-    /// (`mvqsn*` staging, `mvqa_*` adding) or float (`mvfn_*`, `mvfr_*`);
-    /// logits bit-identical.
-    /// `$KILN_CUDA_FUSE_NORM=0` turns it off.
+    /// (`mvqsn*` staging, `mvqa_*` adding; logits bit-identical) or float
+    /// (`mvfn_*`, `mvfr_*`; a row's sum scaled by 1 / rms at its end, so the
+    /// last bits differ). `$KILN_CUDA_FUSE_NORM=0` turns it off.
     pub fuse_norm: bool,
     /// With `fuse_norm`, gated FFNs whose gate|up product takes the
     /// streaming GEMV also do `act_mul`'s work there (the activation, the
-    /// product and the down projection's 8-bit x): one launch a layer
-    /// fewer, logits bit-identical. `$KILN_CUDA_FUSE_GLU=0` turns it off.
+    /// product and the down projection's 8-bit x; float weights with rows of
+    /// at least `MVFG_MIN_ROW_BYTES`: its f32 x, `mvfg_*`): one launch a
+    /// layer fewer, logits bit-identical. `$KILN_CUDA_FUSE_GLU=0` turns it off.
     pub fuse_glu: bool,
     /// The KV cache's element types: f32 (default) or f16 for both K and V
     /// (half the memory and the bytes attention reads; values rounded to
