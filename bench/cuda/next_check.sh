@@ -37,6 +37,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh glustamps # the float GLU forced on short rows (KILN_CUDA_MVFG_MIN=0) vs act_mul: tg256, 1B stamps
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
 #   bash bench/cuda/next_check.sh peers    # bench/cuda/peers.sh (kiln.xz beside transformers) for $PEER_SHAPES, $PEER_TYPES
@@ -635,6 +636,19 @@ tgab)
   for r in $(seq ${TG_ROUNDS:-2}); do for S in $SH; do for t in $TT; do for b in kiln_a kiln; do
     echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/tg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; done; date -u +%T ;;
+glustamps)
+  # NOTES.md item 114 "Next": why the float GLU kernel (mvfg_*) loses on short rows: tg256 of
+  # 1B / Qwen3-0.6B bf16 with it forced (KILN_CUDA_MVFG_MIN=0) against the default (act_mul),
+  # two rounds, then the stamps of both at step 40 on the 1B (kiln.xz with its timeline
+  # cubin: pack_device.sh "" timeline), for timeline.py.
+  for S in Llama-3.2-1B Qwen3-0.6B; do /tmp/kiln synth $S /tmp/gs-$S --types "" > /dev/null 2>&1; done; date -u +%T
+  for r in 1 2; do for S in Llama-3.2-1B Qwen3-0.6B; do for v in 8192 0; do
+    echo "$S bf16 mvfg_min=$v $(KILN_CUDA_MVFG_MIN=$v /tmp/kiln bench /tmp/gs-$S/hf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T
+  for v in 8192 0; do
+    KILN_CUDA_MVFG_MIN=$v KILN_CUDA_TIMELINE=40 KILN_CUDA_TIMELINE_OUT=$OUT/tl_1b_mvfg$v.tsv \
+      /tmp/kiln bench /tmp/gs-Llama-3.2-1B/hf --device cuda -p 16 -n 256 -r 1 2>&1 | tg_of | sed "s|^|mvfg_min=$v stamped: |"
+  done ;;
 short)
   # NOTES.md item 109: the streaming kernels' short-row versions (R rows a chunk, branch
   # short-rows) against main on the shapes whose rows are short ($SR_SHAPES; Q5_0 there is

@@ -1792,6 +1792,9 @@ pub struct CudaBackend {
     fuse_post: bool,
     /// See [`CudaOptions::fuse_glu`] (taken per layer where it applies).
     fuse_glu: bool,
+    /// Gate|up rows (bytes) from which float weights take `mvfg_*`
+    /// (`MVFG_MIN_ROW_BYTES`; `$KILN_CUDA_MVFG_MIN` for A/B runs).
+    mvfg_min: usize,
     /// See [`CudaOptions::kv`].
     kv: KvTypes,
     /// Blocks per SM of the norm-fused GEMVs (`$KILN_CUDA_NORM_BLOCKS`;
@@ -2790,6 +2793,7 @@ impl CudaBackend {
             fuse_norm: false,
             fuse_post: false,
             fuse_glu: opts.fuse_glu,
+            mvfg_min: env_parse("KILN_CUDA_MVFG_MIN").unwrap_or(MVFG_MIN_ROW_BYTES),
             kv: opts.kv,
             norm_blocks: env_parse("KILN_CUDA_NORM_BLOCKS"),
             l2_ahead: if gpu.info.cc.0 >= 9 {
@@ -3185,7 +3189,7 @@ impl CudaBackend {
         // MVFG_MIN_ROW_BYTES).
         let x_for_down = self.proj_q8(&l.down, 1)
             || (mvf_type_name(m.ty).is_some()
-                && m.row_bytes >= MVFG_MIN_ROW_BYTES
+                && m.row_bytes >= self.mvfg_min
                 && l.down.is_float()
                 && !post.is_some());
         (fused && self.fuse_glu && shape && x_for_down)
