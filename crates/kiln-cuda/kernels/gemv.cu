@@ -366,8 +366,9 @@ __device__ __forceinline__ void mvfn_impl(const u8* __restrict__ W, u64 row_byte
 }
 
 // mvf_* and its fused-norm (mvfn_*, mvfnq_* behind a post-norm, mvfg_* doing
-// act_mul's work too) and residual (mvfr_*) versions. mvfnq takes 83 registers, three blocks an SM; held to
-// four (64, spilling 48 bytes) Gemma-3-1B bf16 lost its gain (NOTES.md item 83).
+// act_mul's work too) and residual (mvfr_*) versions. mvfnq takes 83
+// registers, three blocks an SM; held to four (64, spilling 48 bytes)
+// Gemma-3-1B bf16 lost its gain (NOTES.md item 83).
 #define MVF(TNAME, T)                                                                              \
     extern "C" __global__ void mvf_##TNAME(const u8* W, u64 row_bytes, int rows, int cols,          \
                                            const float* x, float* y, const float* bias) {           \
