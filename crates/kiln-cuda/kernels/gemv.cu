@@ -111,6 +111,31 @@ __device__ __forceinline__ float res_early(const float* y, int r, int rows, int 
     return RES && lane == 0 && r < rows ? __ldcg(y + r) : 0.0f;
 }
 
+// A warp's work item (mvf_impl, mvfn_impl): a whole row, or part `part` of a tail
+// row (chunks lo..hi).
+struct MvfPiece {
+    int row, lo, hi, part;
+};
+
+// Work item r: row r below `whole`, past it part (r - whole) % tp of tail
+// row whole + (r - whole) / tp.
+__device__ __forceinline__ MvfPiece mvf_piece(int r, int whole, int tp, int chunks) {
+    if (r < whole) return {r, 0, chunks, 0};
+    int q = r - whole, part = q % tp;
+    return {whole + q / tp, chunks * part / tp, chunks * (part + 1) / tp, part};
+}
+
+// A piece's first MVF_UNROLL loads a lane (mvf_row's first step).
+__device__ __forceinline__ void mvf_first_loads(const u8* __restrict__ W, u64 row_bytes, MvfPiece pc, int lane,
+                                                uint4* wv) {
+    const uint4* wr = (const uint4*)(W + (u64)pc.row * row_bytes) + pc.lo;
+#pragma unroll
+    for (int k = 0; k < MVF_UNROLL; k++) {
+        int c = lane + 32 * k;
+        if (c < pc.hi - pc.lo) wv[k] = ld_stream16(wr + c);
+    }
+}
+
 // Needs cols * sizeof(T) % 16 == 0 and 16-byte aligned rows (checked by the host).
 // grid: ceil(rows / warps); block: warps * 32.
 // RES: y is the residual stream, y[r] = y[r] + (W[r] . x + bias[r]) as
@@ -128,11 +153,7 @@ __device__ __forceinline__ void mvf_impl(const u8* __restrict__ W, u64 row_bytes
     // The first step's weight loads are issued before waiting for x (they
     // overlap the previous kernel under programmatic dependent launch).
     uint4 wv[MVF_UNROLL];
-#pragma unroll
-    for (int k = 0; k < MVF_UNROLL; k++) {
-        int c = lane + 32 * k;
-        if (c < chunks) wv[k] = ld_stream16(wr + c);
-    }
+    mvf_first_loads(W, row_bytes, {r, 0, chunks, 0}, lane, wv);
     float yr = res_early<RES>(y, r, rows, lane);
     PDL_ENTRY();
     float acc = warp_sum(mvf_row<T, false>(wr, chunks, lane, wv, (const float4*)x));
@@ -159,12 +180,6 @@ __device__ __forceinline__ void own_float4s_async(float4* dst, const float* __re
     cp_async_commit();
 }
 
-// A warp's work item in mvfn_impl: a whole row, or part `part` of a tail
-// row (chunks lo..hi).
-struct MvfPiece {
-    int row, lo, hi, part;
-};
-
 // The rows past a fused-norm GEMV's last whole round (rows % rstep of them)
 // leave the other warps idle while they stream. Split in tp parts over tp
 // warps of a block each, they take a tp-th of a round: the largest tp of
@@ -180,23 +195,6 @@ __device__ __forceinline__ int mvf_tail_parts(int rows, int rstep, int warps, in
            (u64)rem * 2 * tp <= (u64)rstep)
         tp *= 2;
     return tp;
-}
-
-__device__ __forceinline__ MvfPiece mvf_piece(int r, int whole, int tp, int chunks) {
-    if (r < whole) return {r, 0, chunks, 0};
-    int q = r - whole, part = q % tp;
-    return {whole + q / tp, chunks * part / tp, chunks * (part + 1) / tp, part};
-}
-
-// A piece's first MVF_UNROLL loads a lane (mvf_row's first step).
-__device__ __forceinline__ void mvf_first_loads(const u8* __restrict__ W, u64 row_bytes, MvfPiece pc, int lane,
-                                                uint4* wv) {
-    const uint4* wr = (const uint4*)(W + (u64)pc.row * row_bytes) + pc.lo;
-#pragma unroll
-    for (int k = 0; k < MVF_UNROLL; k++) {
-        int c = lane + 32 * k;
-        if (c < pc.hi - pc.lo) wv[k] = ld_stream16(wr + c);
-    }
 }
 
 // Barrier 1 + g (g < MVF_TAIL_WARPS / 2; 0 is __syncthreads') for

@@ -3185,13 +3185,10 @@ impl CudaBackend {
             post,
         };
         // The down product's x: 8-bit (the quantized GLU kernels quantize it) or, float
-        // weights both, f32 (`mvfg_*` writes it; pre-norm layers, rows of at least
-        // MVFG_MIN_ROW_BYTES).
+        // weights both, f32 (`mvfg_*` writes it, rows of at least MVFG_MIN_ROW_BYTES; no
+        // post-norm version: fused_kernel below).
         let x_for_down = self.proj_q8(&l.down, 1)
-            || (mvf_type_name(m.ty).is_some()
-                && m.row_bytes >= self.mvfg_min
-                && l.down.is_float()
-                && !post.is_some());
+            || (l.gate_up.is_float() && m.row_bytes >= self.mvfg_min && l.down.is_float());
         (fused && self.fuse_glu && shape && x_for_down)
             .then_some(glu)
             .filter(|&g| self.fused_kernel(m, g).is_some())
@@ -3308,17 +3305,6 @@ impl CudaBackend {
             Fuse::Norm { w: nw, eps, .. } => {
                 ArgList::of(&[&w, &[Arg::P(o.x)], &out, &[Arg::P(nw), Arg::F(eps)], tail])
             }
-            Fuse::NormGlu {
-                w: nw, eps, act, ..
-            } if launch != FusedLaunch::Float => {
-                let glu = [
-                    Arg::P(nw),
-                    Arg::F(eps),
-                    Arg::I((mat.rows / 2) as i32),
-                    Arg::I(act),
-                ];
-                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true), tail])
-            }
             // The float GLU kernel writes the down product's f32 x to y.
             Fuse::NormGlu {
                 w: nw, eps, act, ..
@@ -3328,6 +3314,17 @@ impl CudaBackend {
                 &out,
                 &[Arg::P(nw), Arg::F(eps), Arg::I(act)],
             ]),
+            Fuse::NormGlu {
+                w: nw, eps, act, ..
+            } => {
+                let glu = [
+                    Arg::P(nw),
+                    Arg::F(eps),
+                    Arg::I((mat.rows / 2) as i32),
+                    Arg::I(act),
+                ];
+                ArgList::of(&[&w, &[Arg::P(o.x)], &out, &glu, &self.xq_args(true), tail])
+            }
             _ if launch == FusedLaunch::Float => ArgList::of(&[&w, &[Arg::P(o.x)], &out]),
             _ => ArgList::of(&[&w, &self.xq_args(true), &out]),
         };
