@@ -88,6 +88,10 @@ stg_of() { grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "%s:%s ", $4, $9}'; }
 # bit: prefill, decode and exact decode of 24 tokens (and kiln-cpu's: the whole files, any
 # vocabulary; $2: the branch's cuda_check instead of cc).
 IDS=$(python3 -c "print(','.join(str(1000+7*i) for i in range(24)))")
+# Four of them, for the batch-invariance rows of `cuda_check --logits` (2-4 sequences together).
+IDS4=${IDS%%,1028,*}
+# A binary variant BIN[:VAR=v] ($1): the binary in $b, the environment in $e.
+bin_env() { b=${1%%:*}; e=""; [ "$b" != "$1" ] && e=${1#*:}; }
 same_logits() {
   rm -f /tmp/a.bin /tmp/b.bin  # a failed run must not compare the last files
   /tmp/cc_a --logits $1 "$IDS" /tmp/a.bin > /dev/null 2>&1; /tmp/${2:-cc} --logits $1 "$IDS" /tmp/b.bin > /dev/null 2>&1
@@ -309,9 +313,9 @@ invab)
   T=$(gguf_types ${EV_TYPES:-q4_0})
   [ -d /tmp/v8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/v8 --types "$T" > /dev/null 2>&1; date -u +%T
   for t in ${EV_TYPES:-q4_0}; do
-    m=$(model_of /tmp/v8 $t); ids=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
-    echo "== v8 $t default"; /tmp/cc --logits $m "$ids" /tmp/inv.bin 2>/dev/null | tail -3
-    echo "== v8 $t invariant"; KILN_CUDA_INVARIANT=1 /tmp/cc --logits $m "$ids" /tmp/inv.bin 2>/dev/null | tail -3
+    m=$(model_of /tmp/v8 $t)
+    echo "== v8 $t default"; /tmp/cc --logits $m "$IDS4" /tmp/inv.bin 2>/dev/null | tail -3
+    echo "== v8 $t invariant"; KILN_CUDA_INVARIANT=1 /tmp/cc --logits $m "$IDS4" /tmp/inv.bin 2>/dev/null | tail -3
     for v in ${MVQST:-0 4}; do
       echo "v8 $t invariant MVQST=$v $(KILN_CUDA_INVARIANT=1 KILN_CUDA_MVQST=$v /tmp/kiln bench $m --device cuda \
         --batch ${BATCHES:-2,3,4,8} -p 128 -n 128 2>&1 | stg_of)"
@@ -570,7 +574,7 @@ PY
   done; rm -f /tmp/a.bin /tmp/b.bin; date -u +%T
   for r in 1 2; do for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do
     for v in ${A8:-kiln_a kiln_w kiln_p kiln}; do
-      b=${v%%:*}; e=""; [ "$b" != "$v" ] && e=${v#*:}
+      bin_env $v
       echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch 1 -p ${A8_DEPTHS:-16,256,1024,4096} -n 128 -r 2 2>&1 \
         | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d:%s ", $2, $9}')"
     done
@@ -583,7 +587,7 @@ gbatch)
   # bf16, one round.
   /tmp/kiln synth Gemma-3-1B /tmp/gc --types q4_k_m > /dev/null 2>&1; date -u +%T
   for m in /tmp/gc/model-q4_k_m.gguf /tmp/gc/hf; do for v in ${GB_BINS:-kiln_c kiln_a kiln}; do
-    b=${v%%:*}; e=""; [ "$b" != "$v" ] && e=${v#*:}
+    bin_env $v
     echo "$(basename $m) $v $(env $e /tmp/$b bench $m --device cuda --batch ${GB_B:-1,2,4,8,16} -p ${GB_P:-256,2048} -n 64 -r 1 2>&1 \
       | grep -E '^\|' | tail -n +3 | awk -F'|' '{printf "p%d/b%d:%d ", $2, $4, $9}')"
   done; done; date -u +%T ;;
@@ -604,8 +608,7 @@ tail)
   echo "8B bf16 branch vs main:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin 128256 4
   for t in $TT; do same_logits /tmp/ts8/model-$t.gguf && echo "8B $t: branch = main, bit for bit"; done; date -u +%T
   # Whether float weights keep batch invariance (the fused norm's deferred scale at one token):
-  ids4=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
-  for b in cc_a cc; do echo "== 1B bf16 invariant, $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/ts1/hf "$ids4" /tmp/inv.bin 2>/dev/null | tail -3; done
+  for b in cc_a cc; do echo "== 1B bf16 invariant, $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/ts1/hf "$IDS4" /tmp/inv.bin 2>/dev/null | tail -3; done
   for r in $(seq ${TS_ROUNDS:-2}); do
     for m in ts8/hf $(for t in $TT; do echo ts8/model-$t.gguf; done) $(for t in ${TS_1B:-q4_k_m}; do echo ts1/model-$t.gguf; done); do
       for b in kiln_a kiln; do echo "$m $b $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 3 2>&1 | tg_of)"; done
@@ -620,9 +623,8 @@ invf)
   # fixtures in invariant mode; invariant tg256 of both builds (its price).
   /tmp/kiln synth Llama-3.2-1B /tmp/iv1 --types "" > /dev/null 2>&1
   /tmp/kiln synth Gemma-3-1B /tmp/ivg --types q4_k_m > /dev/null 2>&1; date -u +%T
-  ids4=$(python3 -c "print(','.join(str(1000+7*i) for i in range(4)))")
   for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in cc_a cc; do
-    echo "== $m $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/$m "$ids4" /tmp/inv.bin 2>/dev/null | tail -3
+    echo "== $m $b"; KILN_CUDA_INVARIANT=1 /tmp/$b --logits /tmp/$m "$IDS4" /tmp/inv.bin 2>/dev/null | tail -3
   done; done; date -u +%T
   KILN_CUDA_INVARIANT=1 fixtures 300
   for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in kiln_a kiln; do
