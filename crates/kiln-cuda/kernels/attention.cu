@@ -1086,8 +1086,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     fence_acq_rel_gpu();
     // Timeline marks of a grouped kernel's merging block (marks 1 and 2 are
     // the walk's in the one-head kernels): 1 past its fence, 2 merged, 4
-    // stored (8B at 2,100 positions: ~0.7, ~1.7 and, with the 8-bit O
-    // input, ~1.4 us more; NOTES.md item 115).
+    // stored (8B at 2,100 positions, stamped build: ~0.7, ~1.7 and, with the
+    // 8-bit O input, ~1.4 us more; NOTES.md item 115).
     if (G > 1) tl_mark(1);
     // L2 loads (__ldcg): this SM's L1 may hold the slots from an earlier launch.
     const float* base = part + (pair0 + warp) * S * (hd + 2);
