@@ -489,6 +489,79 @@ timeline)
       echo "$b $m plain $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
     done
   done ;;
+depth)
+  # Decode at depth (`--batch 1 -p P -n 128`: the prompt in the cache, then 128 steps; tg256
+  # alone decodes from an empty cache) by prompt and K/V type; then Q8_0's small kernels
+  # skipped (outputs wrong, timing only): add_norm, act_mul, both.
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types ${DP_TYPES8:-q4_k_m,q8_0} > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.2-1B /tmp/dp1 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  for m in ${DP_MODELS:-dp8/model-q4_k_m.gguf dp8/hf dp8/model-q8_0.gguf dp1/model-q4_k_m.gguf}; do
+    for v in "16" "2048" "2048 -ctk f16 -ctv f16" "8192"; do set -- $v; p=$1; shift
+      echo "$m p=$p $* $(/tmp/kiln bench /tmp/$m --device cuda --batch 1 -p $p -n 128 -r 1 "$@" 2>&1 | stg_of)"
+    done
+  done
+  for sk in none add_norm act_mul add_norm,act_mul; do
+    echo "q8_0 skip=$sk $(KILN_CUDA_SKIP=$sk /tmp/kiln bench /tmp/dp8/model-q8_0.gguf --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; date -u +%T ;;
+attdepth)
+  # The decode attention at depth (`--batch 1 -p 2048 -n 128`): the knobs on main's kiln, then ncu
+  # of the grouped kernel (graphs off, isolated launches) at ~2,070 positions: duration, DRAM,
+  # warp states.
+  [ -d /tmp/dp8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1
+  [ -d /tmp/dp1 ] || /tmp/kiln synth Llama-3.2-1B /tmp/dp1 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  for m in dp8/model-q4_k_m.gguf dp1/model-q4_k_m.gguf; do
+    for e in X=1 KILN_CUDA_ATT_SPLIT=8 KILN_CUDA_ATT_SPLIT=32 KILN_CUDA_ATT_GROUP=0 X=1; do
+      echo "$m $e $(env $e /tmp/kiln bench /tmp/$m --device cuda --batch 1 -p ${AD_P:-2048} -n 128 -r 1 2>&1 | stg_of)"
+    done
+  done; date -u +%T
+  need_ncu
+  for k in ${AD_KERNELS:-attention_fg4}; do
+    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --kernel-name regex:"^$k\$" --launch-skip 640 \
+      --launch-count 2 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis /tmp/kiln bench /tmp/dp8/model-q4_k_m.gguf --device cuda --batch 1 \
+      -p ${AD_P:-2048} -n 40 -r 1 2>&1 | grep -vE '^ *-+ *$|^\s*$' | tail -120
+  done; date -u +%T ;;
+attstall)
+  # The grouped decode attention's warp stalls at ~2,070 positions (ncu, isolated launches):
+  # every smsp__warps_issue_stalled_*_per_warp_active.pct this ncu knows, plus instructions.
+  need_ncu
+  [ -d /tmp/dp8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  M=$($NCU --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' | grep -E '^smsp__warps_issue_stalled_[a-z_]+$' \
+    | sed 's/$/_per_warp_active.pct/' | paste -sd,)
+  echo "metrics: $(echo $M | tr ',' '\n' | wc -l)"
+  for k in ${AD_KERNELS:-attention_fg4}; do
+    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --kernel-name regex:"^$k\$" --launch-skip 640 \
+      --launch-count 4 --csv --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__cycles_active.avg,$M \
+      /tmp/kiln bench /tmp/dp8/model-q4_k_m.gguf --device cuda --batch 1 -p ${AD_P:-2048} -n 40 -r 1 2>/dev/null \
+      > /tmp/st.csv
+    python3 - <<'PY'
+import csv, collections
+rows = [r for r in csv.reader(open('/tmp/st.csv')) if len(r) > 5]
+hdr, agg = rows[0], collections.defaultdict(list)
+for r in rows[1:]:
+    d = dict(zip(hdr, r))
+    try: agg[d['Metric Name']].append(float(d['Metric Value'].replace(',', '')))
+    except ValueError: pass
+for k, v in sorted(((k, v) for k, v in agg.items() if v), key=lambda kv: -sum(kv[1]) / len(kv[1])):
+    m = sum(v) / len(v)
+    if m > 0.05: print(f"{k:75s} {m:12.2f}")
+PY
+  done; date -u +%T ;;
+attexp)
+  # A decode-attention change (kiln / cc) against main (kiln_a / cc_a): fixtures, logits bit for
+  # bit (every step grouped, then the default kernels), decode at depth (`--batch 1 -p 2048 -n
+  # 128`) and tg256 from an empty cache, alternated, two rounds.
+  /tmp/kiln synth Llama-3.1-8B /tmp/ae8 --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.2-1B /tmp/ae1 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  fixtures
+  for m in ae8/model-q4_k_m.gguf ae8/hf ae1/model-q4_k_m.gguf ae1/hf; do
+    KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0 same_logits /tmp/$m && echo "$m grouped: = main, bit for bit"
+    same_logits /tmp/$m && echo "$m default: = main, bit for bit"
+  done; date -u +%T
+  for r in 1 2; do for m in ae8/model-q4_k_m.gguf ae8/hf ae1/model-q4_k_m.gguf ae1/hf; do for b in kiln_a kiln; do
+    echo "$m $b depth $(/tmp/$b bench /tmp/$m --device cuda --batch 1 -p 2048 -n 128 -r 1 2>&1 | stg_of)" \
+      "tg256 $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
+  done; done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.

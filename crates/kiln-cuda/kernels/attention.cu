@@ -269,6 +269,18 @@ __device__ __forceinline__ void att_heads_init(R row_of, int hd, int lane, float
     }
 }
 
+// exp(x) as `__expf` computes it (ex2 of x * log2(e) rounded to float),
+// flushing results below 2^-126 to zero: those weigh nothing next to the
+// running maximum's 1, and `__expf`'s non-flushing form spends three more
+// instructions an exponential on the range check, on every position's chain
+// (logits unchanged bit for bit; decode after 2,048 positions 8B Q4_K_M /
+// bf16 +0.8-0.9%, tg256 +0.2-0.3%; NOTES.md item 116).
+__device__ __forceinline__ float att_exp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269504088896341f)));
+    return y;
+}
+
 // A head's score for one position into its online softmax: the running
 // maximum m and sum l updated; corr rescales what was accumulated, e weighs
 // the position.
@@ -277,8 +289,8 @@ __device__ __forceinline__ void att_online(float s, float scale, float softcap, 
     s *= scale;
     if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
     float mn = fmaxf(m, s);
-    corr = __expf(m - mn);
-    e = __expf(s - mn);
+    corr = att_exp(m - mn);
+    e = att_exp(s - mn);
     l = __fmaf_rn(l, corr, e);
     m = mn;
 }
@@ -325,12 +337,12 @@ __device__ __forceinline__ float att_tile_softmax(float* s, int nv, float scale,
         mt = fmaxf(mt, j < nv ? v : -INFINITY);
     }
     float mn = fmaxf(m, mt);
-    float corr = __expf(m - mn);
+    float corr = att_exp(m - mn);
     m = mn;
     float le = 0.0f;
 #pragma unroll
     for (int j = 0; j < PRE; j++) {
-        e[j] = j < nv ? __expf(s[j] - mn) : 0.0f;
+        e[j] = j < nv ? att_exp(s[j] - mn) : 0.0f;
         le += e[j];
     }
     l = __fmaf_rn(l, corr, le);
@@ -443,7 +455,7 @@ __device__ __forceinline__ void att_block_weights(const float* sm, const float* 
     for (int w = 0; w < W; w++) M = fmaxf(M, sm[w]);
     L = 0.0f;
     for (int w = 0; w < W; w++) {
-        f[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - M);
+        f[w] = sm[w] == -INFINITY ? 0.0f : att_exp(sm[w] - M);
         L = __fmaf_rn(sl[w], f[w], L);
     }
 }
@@ -483,7 +495,7 @@ __device__ __forceinline__ void att_merge(Ld ld, int S, int hd, int lane, float*
     float mk = lane < S ? ld(lane, 0) : -INFINITY;
     float lk = lane < S ? ld(lane, 1) : 0.0f;
     float GM = warp_max(mk);
-    float wk = mk == -INFINITY ? 0.0f : __expf(mk - GM);
+    float wk = mk == -INFINITY ? 0.0f : att_exp(mk - GM);
     float GL = 0.0f;
     for (int k = 0; k < S; k++) GL += __shfl_sync(0xffffffffu, lk * wk, k);
     float invL = GL > 0.0f ? 1.0f / GL : 0.0f;
@@ -711,7 +723,7 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
     int d = lane + 32 * warp;
     float mk = lane < W ? sm[lane] : -INFINITY;
     float M = warp_max(mk);
-    float fk = mk == -INFINITY ? 0.0f : __expf(mk - M);
+    float fk = mk == -INFINITY ? 0.0f : att_exp(mk - M);
     float L = warp_sum(lane < W ? sl[lane] * fk : 0.0f);
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -913,6 +925,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             att_step_split<LPH, NP>(
                 qf, [&](int i) { return sown[0][SL::dim(jl, i)]; }, [&](int i) { return sown[1][SL::dim(jl, i)]; },
                 scale, softcap, m, l, acc);
+        // Timeline mark 5: warp 0's walk done (the grouped kernels' marks 1,
+        // 2 and 4 are the merging block's).
+        tl_mark_after(5, (double)acc[0][0]);
 #pragma unroll
         for (int k = 0; k < NP; k++) {
             int g = k * HP + hs;
@@ -1248,7 +1263,7 @@ __device__ __forceinline__ void attention_gqa_impl(const float* q, int qstride, 
         float L = 0.0f;
         float f[ATT_WARPS];
         for (int w = 0; w < ATT_WARPS; w++) {
-            f[w] = sm[w][g] == -INFINITY ? 0.0f : __expf(sm[w][g] - M);
+            f[w] = sm[w][g] == -INFINITY ? 0.0f : att_exp(sm[w][g] - M);
             L += sl[w][g] * f[w];
         }
         float invL = L > 0.0f ? 1.0f / L : 0.0f;
@@ -1388,8 +1403,8 @@ __device__ __forceinline__ void attention_tile_impl(const float* q, int qstride,
                 pr[k] = 0.0f;
                 corr[k] = 1.0f;
             } else {
-                pr[k] = ok ? __expf(s - mn) : 0.0f;
-                corr[k] = __expf(m[k] - mn);
+                pr[k] = ok ? att_exp(s - mn) : 0.0f;
+                corr[k] = att_exp(m[k] - mn);
                 l[k] = l[k] * corr[k] + warp_sum(pr[k]);
                 m[k] = mn;
             }
