@@ -103,6 +103,12 @@ fixtures() {
   timeout ${1:-200} /tmp/${2:-cc} --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
 }
+# ncu ARGS... on the isolated launches 641-... of kernel $k (graphs off) in a one-sequence decode
+# after ${AD_P:-2048} positions of the 8B Q4_K_M model in /tmp/dp8 (the depth modes).
+ncu_depth() {
+  KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --kernel-name regex:"^$k\$" --launch-skip 640 "$@" \
+    /tmp/kiln bench /tmp/dp8/model-q4_k_m.gguf --device cuda --batch 1 -p ${AD_P:-2048} -n 40 -r 1
+}
 # $NCU: Nsight Compute's command line, or the mode ends here without it.
 need_ncu() {
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -516,10 +522,8 @@ attdepth)
   done; date -u +%T
   need_ncu
   for k in ${AD_KERNELS:-attention_fg4}; do
-    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --kernel-name regex:"^$k\$" --launch-skip 640 \
-      --launch-count 2 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-      --section MemoryWorkloadAnalysis /tmp/kiln bench /tmp/dp8/model-q4_k_m.gguf --device cuda --batch 1 \
-      -p ${AD_P:-2048} -n 40 -r 1 2>&1 | grep -vE '^ *-+ *$|^\s*$' | tail -120
+    ncu_depth --launch-count 2 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+      --section LaunchStats --section MemoryWorkloadAnalysis 2>&1 | grep -vE '^ *-+ *$|^\s*$' | tail -120
   done; date -u +%T ;;
 attstall)
   # The grouped decode attention's warp stalls at ~2,070 positions (ncu, isolated launches):
@@ -530,10 +534,8 @@ attstall)
     | sed 's/$/_per_warp_active.pct/' | paste -sd,)
   echo "metrics: $(echo $M | tr ',' '\n' | wc -l)"
   for k in ${AD_KERNELS:-attention_fg4}; do
-    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --kernel-name regex:"^$k\$" --launch-skip 640 \
-      --launch-count 4 --csv --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__cycles_active.avg,$M \
-      /tmp/kiln bench /tmp/dp8/model-q4_k_m.gguf --device cuda --batch 1 -p ${AD_P:-2048} -n 40 -r 1 2>/dev/null \
-      > /tmp/st.csv
+    ncu_depth --launch-count 4 --csv \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__cycles_active.avg,$M 2>/dev/null > /tmp/st.csv
     python3 - <<'PY'
 import csv, collections
 rows = [r for r in csv.reader(open('/tmp/st.csv')) if len(r) > 5]
