@@ -27,6 +27,7 @@
 #   bash bench/cuda/next_check.sh tgprof   # ncu: a one-token decode step kernel by kernel, $PROF_BINS on $PROF_SHAPE $EV_TYPES
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
+#   bash bench/cuda/next_check.sh tcland   # the f16 cache's tensor-core walk (kiln.xz) vs main (_a): fixtures, logits, depth rows
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
@@ -564,6 +565,28 @@ attexp)
     echo "$m $b depth $(/tmp/$b bench /tmp/$m --device cuda --batch 1 -p 2048 -n 128 -r 1 2>&1 | stg_of)" \
       "tg256 $(/tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; date -u +%T ;;
+tcland)
+  # The f16 cache's tensor-core walk as the default (branch att-tc-h; KILN_CUDA_ATT_TC=0 the
+  # CUDA-core walk): fixtures (with the TensorCore layout rows), logits of TC against the
+  # CUDA-core walk with every step grouped (exact block 2 the measure; f16 caches throughout,
+  # sequences decoded together), then decode at depth beside main (B=_a), both caches.
+  fixtures 260
+  /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  export KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0
+  for m in tq/hf tq/model-q4_k_m.gguf dp8/hf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    KILN_CHECK_KV=f16 KILN_CUDA_ATT_TC=0 timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/a.bin 2>&1 | grep together | sed 's/^/  CUDA-core: /'
+    KILN_CHECK_KV=f16 timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin 2>&1 | grep together | sed 's/^/  tensor-core: /'
+    V=$(( $(stat -c %s /tmp/a.bin) / 4 / 96 ))
+    echo "$m f16: CUDA-core walk -> tensor-core walk"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $V 4
+  done
+  unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env $3 /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  for m in dp8/model-q4_k_m.gguf dp8/hf tq/model-q4_k_m.gguf; do for P in 2048 8192; do
+    for kv in f16 f32; do for b in _a "" _a ""; do B=$b row $m $P X=$b "-ctk $kv -ctv $kv"; done; done
+  done; done
+  for kv in f16 f32; do for b in _a ""; do B=$b row tq/model-q4_k_m.gguf 16 X=$b "-ctk $kv -ctv $kv"; done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.

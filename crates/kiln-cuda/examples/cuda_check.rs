@@ -1126,6 +1126,9 @@ fn fused_check_within(
 /// positions spread over 32 or 16 warps, merged in shared memory.
 /// `Layout::Deep`: the same for head dim 256's deep kernels (16 warps a
 /// block in steps of few blocks) against 4 warps (`KILN_CUDA_ATT_DEEP=0`).
+/// `Layout::TensorCore`: the grouped kernels' tensor-core walk over an f16
+/// cache against their CUDA-core walk, 1e-4 with float O weights (the same
+/// f16 values, summed in another order, the weights split in two f16s).
 fn layout_check(
     rows: &mut Vec<Row>,
     ty: GgmlType,
@@ -1149,6 +1152,7 @@ fn layout_check(
                 "KILN_CUDA_ATT_GROUP",
                 "KILN_CUDA_ATT_GROUP_CTX",
                 "KILN_CUDA_ATT_SPLIT",
+                "KILN_CUDA_ATT_TC",
                 "KILN_CUDA_ATT_WIDE",
                 "KILN_CUDA_ATT_WIDE_CTX",
             ];
@@ -1171,6 +1175,15 @@ fn layout_check(
                         std::env::set_var("KILN_CUDA_ATT_WIDE_CTX", "100000");
                     }
                     Layout::Wide => std::env::set_var("KILN_CUDA_ATT_WIDE", "0"),
+                    Layout::TensorCore => {
+                        att_switch("KILN_CUDA_ATT_GROUP", true);
+                        std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
+                        if on {
+                            std::env::remove_var("KILN_CUDA_ATT_TC");
+                        } else {
+                            std::env::set_var("KILN_CUDA_ATT_TC", "0");
+                        }
+                    }
                 }
                 if one_slice {
                     std::env::set_var("KILN_CUDA_ATT_SPLIT", "1");
@@ -1188,10 +1201,13 @@ fn layout_check(
             Ok((out, e.vocab_size()))
         };
     let kv = if f16_kv { ", f16 KV" } else { "" };
-    let tol = match (ty.is_quantized(), f16_kv) {
-        (true, _) => 3e-2,
-        (false, true) => 1e-3,
-        (false, false) => 1e-4,
+    let tol = match (ty.is_quantized(), f16_kv, layout) {
+        (true, _, _) => 3e-2,
+        // Both walks read the same f16 values: only the sums' order and the
+        // weights' f16 split (~2^-22 of a product) differ.
+        (false, true, Layout::TensorCore) => 1e-4,
+        (false, true, _) => 1e-3,
+        (false, false, _) => 1e-4,
     };
     let shape = heads.map_or(String::new(), |(q, kv)| format!(", {q} / {kv} heads"));
     let model_name = format!("synthetic, head dim {hd}{shape}, 2 layers");
@@ -1199,6 +1215,7 @@ fn layout_check(
         Layout::Deep => ("deep (16 warps)", "4 warps a block", &[false, true][..]),
         Layout::Grouped => ("grouped", "a block per head", &[false, true][..]),
         Layout::Wide => ("wide", "sliced blocks", &[false][..]),
+        Layout::TensorCore => ("tensor-core walk", "CUDA-core walk", &[false, true][..]),
     };
     let file = format!("{}, {what} attention{kv}", ty.name());
     let row = (|| -> Result<Row, String> {
@@ -1239,6 +1256,10 @@ enum Layout {
     Grouped,
     Wide,
     Deep,
+    /// The grouped kernels' tensor-core walk (f16 cache, head dim 128)
+    /// against their CUDA-core walk (`KILN_CUDA_ATT_TC=0`), grouped from
+    /// position 8.
+    TensorCore,
 }
 
 /// An attention layout switched by the backend's environment (`var`, e.g.
@@ -1364,6 +1385,16 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         (GgmlType::Q8_0, true),
     ] {
         layout_check(&mut rows, ty, 256, None, f16, Layout::Deep);
+    }
+    // The grouped kernels' tensor-core walk (f16 cache, head dim 128)
+    // against their CUDA-core walk: groups of 4 and 3, float and Q8_0 O
+    // weights; with one slice a warp walks two or three tiles.
+    for (ty, heads) in [
+        (GgmlType::F16, None),
+        (GgmlType::F16, Some((12, 4))),
+        (GgmlType::Q8_0, None),
+    ] {
+        layout_check(&mut rows, ty, 128, heads, true, Layout::TensorCore);
     }
     // The wide decode attention (head dims 64, 128 and 256): Q8_0 O weights
     // (it writes their 8-bit input), float (its L2-window kernels up to
@@ -1997,7 +2028,18 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
     };
     let mut all = Vec::new();
     let t = Instant::now();
-    let mut e = cuda_engine_with(&model, o, true, false)?;
+    // `$KILN_CHECK_KV=f16`: the CUDA engines' caches in f16 (the kiln-cpu
+    // block stays f32).
+    let kv = if std::env::var("KILN_CHECK_KV").is_ok_and(|v| v == "f16") {
+        KvTypes::F16
+    } else {
+        KvTypes::default()
+    };
+    let co = CudaOptions {
+        kv,
+        ..CudaOptions::default()
+    };
+    let mut e = cuda_engine_opts(&model, o, co)?;
     eprintln!("load {:.1}s", t.elapsed().as_secs_f64());
     e.prefill_into(0, &ids, true, &mut all)
         .map_err(|e| e.to_string())?;
@@ -2012,7 +2054,7 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
     // blocks).
     let alone = &all[ids.len() * vocab..];
     for k in 2..=4usize {
-        let mut e = cuda_engine_with(&model, EngineOptions { max_seqs: k, ..o }, true, false)?;
+        let mut e = cuda_engine_opts(&model, EngineOptions { max_seqs: k, ..o }, co)?;
         let (mut same, mut worst) = (0usize, 0.0f32);
         for (i, &id) in ids.iter().enumerate() {
             let items: Vec<(usize, u32)> = (0..k).map(|s| (s, id)).collect();
@@ -2028,7 +2070,8 @@ fn dump_logits(args: &[String]) -> Result<(), String> {
             k * ids.len()
         );
     }
-    let mut e = cuda_engine_with(&model, o, true, true)?;
+    let exact = CudaOptions { exact: true, ..co };
+    let mut e = cuda_engine_opts(&model, o, exact)?;
     for &id in &ids {
         all.extend_from_slice(e.decode(0, id).map_err(|e| e.to_string())?);
     }

@@ -547,6 +547,210 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
     cluster_sync_all();
 }
 
+// The tensor-core walk of the grouped kernels over an f16 cache (TC; head
+// dim 128): scores and values through mma.m16n8k16 f16 with K and V as the
+// cache holds them, and q and the weights, which are f32, split in an f16
+// high part and the f16 rounding of the rest (two products each), so that
+// the sums keep nearly f32's accuracy (~1e-6 of the largest logit against
+// the CUDA-core walk). An f32 cache's version (3xTF32, mma.m16n8k8) lost
+// 5% to the CUDA-core walk at 2,048 positions (NOTES.md item 117).
+// d += A B: A 16 x 16 (a0 [g][2t, 2t + 1], a1 [g + 8][2t, 2t + 1], a2
+// [g][2t + 8, 2t + 9], a3 [g + 8][2t + 8, 2t + 9]), B 16 x 8 (b0 [2t, 2t +
+// 1][g], b1 [2t + 8, 2t + 9][g]; f16 pairs, the lower index in the low
+// half), d as [g][2t], [g][2t + 1], [g + 8][2t], [g + 8][2t + 1] (g = lane /
+// 4, t = lane % 4).
+__device__ __forceinline__ void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// (x0, x1) as an f16 pair (x0 low) and the pair of what rounding left.
+__device__ __forceinline__ void f16x2_split(float x0, float x1, u32& hi, u32& lo) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    float r0 = x0 - h2f((u16)(hi & 0xffffu)), r1 = x1 - h2f((u16)(hi >> 16));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
+}
+
+// One 16-position tile of an f16 cache as lane (g, t) of att_walk_tc_h
+// holds it: k[h] = position b + 8 h + g's dims 32 t .. 32 t + 31, v[j] =
+// position b + (j & 1) + 2 t + 8 (j >> 1)'s dims 16 g .. 16 g + 15.
+struct TcTileH {
+    uint4 k[2][4], v[4][2];
+};
+__device__ __forceinline__ int tc_h_kpos(int b, int h, int g) { return b + 8 * h + g; }
+__device__ __forceinline__ int tc_h_vpos(int b, int j, int t) { return b + (j & 1) + 2 * t + 8 * (j >> 1); }
+// Positions past `last` load the last one's rows: unconditional loads stay
+// together ahead of their uses (conditional ones were placed at each use,
+// a round trip a step); those positions' weights are 0 and their (finite)
+// values add nothing.
+template <typename RowAt>
+__device__ __forceinline__ void tc_h_load(const u16* kc, const u16* vc, RowAt row_at, int b, int last, int g, int t,
+                                          TcTileH& x) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint4* kp = (const uint4*)(kc + row_at(min(tc_h_kpos(b, h, g), last)) + 32 * t);
+#pragma unroll
+        for (int i = 0; i < 4; i++) x.k[h][i] = kp[i];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint4* vp = (const uint4*)(vc + row_at(min(tc_h_vpos(b, j, t), last)) + 16 * g);
+        x.v[j][0] = vp[0];
+        x.v[j][1] = vp[1];
+    }
+}
+// The rows of a tile loaded before the PDL wait (positions up to `safe`,
+// which finished steps wrote) that lie past it: the token's own position
+// from `own` (its K and V rounded to f16 and back, so exact), others again
+// from the cache (written by then).
+template <typename RowAt>
+__device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row_at, int b, int last, int safe,
+                                         int own_pos, const float (*own)[128], int g, int t, TcTileH& x) {
+    auto pair = [&](int k, int d) {
+        return (u32)f2half(own[k][d], 0) | ((u32)f2half(own[k][d + 1], 0) << 16);
+    };
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int p = min(tc_h_kpos(b, h, g), last);
+        if (p <= safe) continue;
+        const uint4* kp = (const uint4*)(kc + row_at(p) + 32 * t);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int d = 32 * t + 8 * i;
+            x.k[h][i] = p == own_pos ? make_uint4(pair(0, d), pair(0, d + 2), pair(0, d + 4), pair(0, d + 6)) : kp[i];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int p = min(tc_h_vpos(b, j, t), last);
+        if (p <= safe) continue;
+        const uint4* vp = (const uint4*)(vc + row_at(p) + 16 * g);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int d = 16 * g + 8 * i;
+            x.v[j][i] = p == own_pos ? make_uint4(pair(1, d), pair(1, d + 2), pair(1, d + 4), pair(1, d + 6)) : vp[i];
+        }
+    }
+}
+
+// The walk of one warp over tiles of 16 positions (b .. b + 15,
+// W * 16 apart). S = Q K^T in two groups of 8 positions (B's columns: lane
+// (g, t) holds positions b + g and b + 8 + g, dims 32 t .. 32 t + 31: word
+// j = dims 32 t + 2j, + 1, so k-step s's rows 2t, 2t + 1 are dims 32 t + 4 s,
+// + 1 and rows 2t + 8, + 9 are + 2, + 3); sqh row 4 h + t holds head h's
+// same pairs per step as {hi, hi, lo, lo}. Lane (g < 4, t) gets head g's
+// scores of positions 2t, 2t + 1 (group 0) and 8 + 2t, 9 + 2t (group 1):
+// exactly B = P^T of O^T += V^T P^T with position r as k-row r; its A (V^T,
+// m-tile mt: rows g, g + 8 = dims 16 g + 2 mt and + 1) pairs positions 2t,
+// 2t + 1 and 8 + 2t, 9 + 2t of the lane's dims 16 g .. 16 g + 15 (byte
+// permutes of the loaded words). o[mt]: dims 16 g + 2 mt (+1 for
+// 2, 3) of heads 2t, 2t + 1 (lanes t >= 2: padding heads, zero).
+template <typename RowAt>
+__device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowAt row_at, const u32 (*sqh)[36],
+                                              int start, int lend, int warp, int W, int lane, float scale, bool pre,
+                                              TcTileH& first, float& m, float& l, float (&o)[8][4]) {
+    int g = lane >> 2, t = lane & 3;
+    bool hq = g < 4;
+    m = -INFINITY;
+    l = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[mt][i] = 0.0f;
+    // The warp's later tiles into L2 while the first is walked: their loads
+    // then take an L2 round trip each, not a DRAM one (8B Q4_K_M at 8,192
+    // positions: 422 -> 432 tok/s against the slice's rows prefetched by the
+    // whole block before the PDL wait, which cost the CUDA-core walk 5%).
+    for (int b = start + 16 * warp + 16 * W; b < lend; b += 16 * W) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + row_at(min(tc_h_kpos(b, h, g), lend - 1)) + 32 * t));
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + row_at(min(tc_h_vpos(b, j, t), lend - 1)) + 16 * g));
+    }
+    auto step = [&](int b, const TcTileH& tile) {
+        int nv = min(16, lend - b);
+        auto& kx = tile.k;
+        auto& vx = tile.v;
+        // Every load's first word into the first product's accumulator (0
+        // times it, as an f16 read as a finite float) so that all 16 are
+        // issued before any product.
+        float guard = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            guard = __fmaf_rn(h2f((u16)kx[0][i].x), 0.0f, guard);
+            guard = __fmaf_rn(h2f((u16)kx[1][i].x), 0.0f, guard);
+            guard = __fmaf_rn(h2f((u16)vx[i][0].x), 0.0f, guard);
+            guard = __fmaf_rn(h2f((u16)vx[i][1].x), 0.0f, guard);
+        }
+        float sc[2][4] = {{guard, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int st = 0; st < 8; st++) {
+            uint4 qv = hq ? *(const uint4*)&sqh[4 * g + t][4 * st] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4& w = kx[h][st >> 1];
+                u32 b0 = (st & 1) ? w.z : w.x, b1 = (st & 1) ? w.w : w.y;
+                mma_f16(sc[h], qv.x, 0u, qv.y, 0u, b0, b1);
+                mma_f16(sc[h], qv.z, 0u, qv.w, 0u, b0, b1);
+            }
+        }
+        float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+        int pr[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+        float tm = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[i] = pr[i] < nv ? x[i] * scale : -INFINITY;
+            tm = fmaxf(tm, x[i]);
+        }
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+        float mn = fmaxf(m, tm), corr = att_exp(m - mn), e[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) e[i] = hq ? att_exp(x[i] - mn) : 0.0f;
+        if (!hq) corr = 1.0f;
+        l = __fmaf_rn(l, corr, (e[0] + e[1]) + (e[2] + e[3]));
+        m = mn;
+        float cA = __shfl_sync(0xffffffffu, corr, 8 * t), cB = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+        u32 ph0, pl0, ph1, pl1;
+        f16x2_split(e[0], e[1], ph0, pl0);
+        f16x2_split(e[2], e[3], ph1, pl1);
+#pragma unroll
+        for (int mt = 0; mt < 8; mt++) {
+            o[mt][0] *= cA;
+            o[mt][1] *= cB;
+            o[mt][2] *= cA;
+            o[mt][3] *= cB;
+            // Word mt of the lane's 8: dims 16 g + 2 mt (low half), + 1 (high).
+            auto word = [&](int j) {
+                const uint4& v = vx[j][mt >> 2];
+                int k = mt & 3;
+                return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+            };
+            u32 w0 = word(0), w1 = word(1), w2 = word(2), w3 = word(3);
+            u32 a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
+            u32 a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
+            mma_f16(o[mt], a0, a1, a2, a3, ph0, ph1);
+            mma_f16(o[mt], a0, a1, a2, a3, pl0, pl1);
+        }
+    };
+    // The first tile apart: `first` is then dead in the loop.
+    int b = start + 16 * warp;
+    if (b < lend) {
+        if (!pre) tc_h_load(kc, vc, row_at, b, lend - 1, g, t, first);
+        step(b, first);
+    }
+    for (b += 16 * W; b < lend; b += 16 * W) {
+        TcTileH tile;
+        tc_h_load(kc, vc, row_at, b, lend - 1, g, t, tile);
+        step(b, tile);
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+}
+
 // Grouped blocks (G = 4) walk their positions with the lanes split over the
 // heads: a head's dims over LPH = hd / 8 lanes (hd = 32 DPL: 8 lanes for
 // head dims up to 64, 16 up to 128), so a warp holds HP = 32 / LPH heads at
@@ -755,7 +959,7 @@ __device__ __forceinline__ void att_wide_merge(const float* sm, const float* sl,
 // WD: warps a block of the split kernels, when not ATT_DEC_WARPS (the deep
 // kernels: 16 at head dim 256 in steps of few blocks, backend.rs).
 template <typename KV, int DPL, bool FUSED, bool CLU = false, bool L2W = false, int G = 1, int WN = 0,
-          int WD = 0>
+          int WD = 0, bool TC = false>
 __device__ __forceinline__ void attention_impl(const float* q, int qstride, const KV* kc, const KV* vc,
                                                int n_heads, int n_kv, int hd, const u32* positions,
                                                const u32* ends, const u32* rowidx, const u32* tables,
@@ -821,8 +1025,19 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #pragma unroll
         for (int j = 0; j < PRE; j++) {
             int p = p0 + j * W;
-            pre[j] = p < end && p + ntok <= (int)pos;
+            pre[j] = !TC && p < end && p + ntok <= (int)pos;
             if (pre[j]) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
+        }
+        // TC: the warp's first tile loaded before the wait, as far as finished
+        // steps wrote (`safe`; tc_h_fix mends the rows past it).
+        [[maybe_unused]] TcTileH first;
+        int safe = min(end - 1, (int)pos - ntok);
+        bool tc_pre = false;
+        if constexpr (TC) {
+            tc_pre = start + 16 * warp <= safe;
+            if (tc_pre)
+                tc_h_load((const u16*)kc, (const u16*)vc, row_at, start + 16 * warp, safe, lane >> 2, lane & 3,
+                          first);
         }
         HeadTables<DPL> ht;
         if (FUSED) head_tables<DPL>(ht, qnw, knw, cosb, sinb, neox, pos, lane);
@@ -861,6 +1076,44 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             }
         }
         __syncthreads();
+        if constexpr (TC) {
+            static_assert(DPL == 4 && sizeof(KV) == 2, "the tensor-core walk: head dim 128, f16 cache");
+            // The heads' q as (hi, lo) f16 pairs in mma step order (dims d, d + 1
+            // of head gq: step (d % 32) / 4, pair (d % 4) / 2).
+            __shared__ __align__(16) u32 sqh[16][36];
+            if (threadIdx.x < 256) {
+                int gq = threadIdx.x >> 6, d = 2 * (threadIdx.x & 63), j = d & 31;
+                u32 h, lo;
+                f16x2_split(sq[gq][d], sq[gq][d + 1], h, lo);
+                sqh[4 * gq + (d >> 5)][4 * (j >> 2) + ((j >> 1) & 1)] = h;
+                sqh[4 * gq + (d >> 5)][4 * (j >> 2) + 2 + ((j >> 1) & 1)] = lo;
+            }
+            __syncthreads();
+            const u16 *kh = (const u16*)kc, *vh = (const u16*)vc;
+            if (tc_pre)
+                tc_h_fix(kh, vh, row_at, start + 16 * warp, end - 1, safe, own ? (int)pos : -1, sown, lane >> 2,
+                         lane & 3, first);
+            float mw, lw, o[8][4];
+            att_walk_tc_h(kh, vh, row_at, sqh, start, end, warp, W, lane, scale, tc_pre, first, mw, lw, o);
+            tl_mark_after(5, (double)o[0][0]);
+            // Lane (g, tq): head g's (m, l), heads 2 tq and 2 tq + 1's dims 16 g
+            // + 2 mt and + 1 (tq < 2).
+            int g = lane >> 2, tq = lane & 3;
+            if (g < G && tq == 0) {
+                sm[g][warp] = mw;
+                sl[g][warp] = lw;
+            }
+            if (tq < 2) {
+#pragma unroll
+                for (int mt = 0; mt < 8; mt++) {
+                    int d0 = 16 * g + 2 * mt;
+                    sacc[2 * tq][warp][d0] = o[mt][0];
+                    sacc[2 * tq + 1][warp][d0] = o[mt][1];
+                    sacc[2 * tq][warp][d0 + 1] = o[mt][2];
+                    sacc[2 * tq + 1][warp][d0 + 1] = o[mt][3];
+                }
+            }
+        } else {
         float qf[NP][8], acc[NP][8], m[NP], l[NP];
 #pragma unroll
         for (int k = 0; k < NP; k++) {
@@ -937,6 +1190,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) sacc[g][warp][SL::dim(jl, i)] = acc[k][i];
+        }
         }
     } else {
         // Before waiting for the kernels before this one: the step's metadata
@@ -1155,6 +1409,15 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         attention_impl<KV, DPL, true, CLU, false, G, 0, WD>(ATT_F_ARGS);                               \
     }
 #define ATTENTION(D, F, DPL, CLU, KV, G) ATTENTION_LB(ATT_LB_##G##_##DPL, D, F, DPL, CLU, KV, G, 0)
+// The grouped fused kernels at head dim 128 over an f16 cache with the
+// tensor-core walk (att_walk_tc_h), plain and with an L2 window.
+#define ATTENTION_TC(S, T)                                                                             \
+    extern "C" __global__ void ATT_LB_4_4 attention_fgt4##S(ATT_F_PARAMS(T)) {                         \
+        attention_impl<T, 4, true, false, false, 4, 0, 0, true>(ATT_F_ARGS);                          \
+    }                                                                                                  \
+    extern "C" __global__ void ATT_LB_4_4 attention_flgt4##S(ATT_F_PARAMS(T), L2A_PARAMS) {            \
+        attention_impl<T, 4, true, false, true, 4, 0, 0, true>(ATT_F_ARGS, L2A_ARGS);                 \
+    }
 // The deep kernels (head dim 256, steps of at most ATT_DEEP_SM_SHARE of
 // the SMs' count in blocks, backend.rs): 16 warps a block, each walking a
 // quarter of the positions the 4 of ATTENTION's walk, held to 128 registers

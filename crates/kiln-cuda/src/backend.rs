@@ -1294,6 +1294,10 @@ struct Kernels {
     attention_grouped: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_fused: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
+    /// The fused grouped kernels at head dim 128 with the tensor-core walk,
+    /// f16 cache only: `attention_fgt4_h`, with an L2 window
+    /// `attention_flgt4_h`.
+    attention_grouped_tc: Option<[cudarc::driver::sys::CUfunction; 2]>,
     /// The wide decode attention ([`AttReach::Wide`]), fused, for head dims
     /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
     /// `attention_flw2` / `flw4`.
@@ -1557,6 +1561,13 @@ impl Kernels {
             attention_grouped: [kvf(gpu, "attention_dg2")?, kvf(gpu, "attention_dg4")?],
             attention_grouped_fused: [kvf(gpu, "attention_fg2")?, kvf(gpu, "attention_fg4")?],
             attention_grouped_l2w: [kvf(gpu, "attention_flg2")?, kvf(gpu, "attention_flg4")?],
+            attention_grouped_tc: match kv {
+                KvType::F16 => Some([
+                    gpu.func("attention_fgt4_h")?,
+                    gpu.func("attention_flgt4_h")?,
+                ]),
+                KvType::F32 => None,
+            },
             attention_wide: [
                 [kvf(gpu, "attention_fw2")?, kvf(gpu, "attention_flw2")?],
                 [kvf(gpu, "attention_fw4")?, kvf(gpu, "attention_flw4")?],
@@ -1836,6 +1847,10 @@ pub struct CudaBackend {
     att_wide_ctx: usize,
     /// ATT_WIDE_TOKENS, or `$KILN_CUDA_ATT_WIDE_TOKENS`.
     att_wide_tokens: usize,
+    /// The grouped kernels' tensor-core walk ([`Kernels::attention_grouped_tc`]):
+    /// f16 cache, head dim 128, groups of up to 4 query heads, no softcap;
+    /// `$KILN_CUDA_ATT_TC=0` never.
+    att_tc: bool,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -2505,6 +2520,11 @@ impl CudaBackend {
         };
         // 0 where no step can take the cluster: then graphs are not keyed
         // apart by a bound that changes nothing.
+        let att_tc = k.attention_grouped_tc.is_some()
+            && std::env::var("KILN_CUDA_ATT_TC").map_or(true, |v| v != "0")
+            && d.head_dim == 128
+            && d.n_heads <= 4 * d.n_kv_heads
+            && d.attn_softcap.is_none();
         let att_cluster_ctx = match att_cluster.as_deref() {
             _ if att_cluster_max < 2 || !(65..=128).contains(&d.head_dim) => 0,
             Some("1") => usize::MAX,
@@ -2818,6 +2838,7 @@ impl CudaBackend {
             att_group_ctx,
             att_wide_ctx,
             att_wide_tokens: env_parse("KILN_CUDA_ATT_WIDE_TOKENS").unwrap_or(ATT_WIDE_TOKENS),
+            att_tc,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -4330,12 +4351,20 @@ impl CudaBackend {
                 let deep = dpl == 2
                     && gqa.is_none()
                     && head_blocks * n * split.max(1) <= self.att_deep_blocks;
-                let att_dec = match (grouped, fused) {
+                // The tensor-core walk (f16 cache, head dim 128): 8B Q4_K_M at
+                // 2,048 / 8,192 positions 480 / 368 -> 486 / 432 tok/s, bf16 240
+                // / 209 -> 243 / 225 (NOTES.md item 117).
+                let tc = self
+                    .k
+                    .attention_grouped_tc
+                    .filter(|_| grouped && fused && self.att_tc);
+                let att_dec = match (grouped, fused, tc) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
-                    (true, true) => self.k.attention_grouped_fused[dpl],
-                    (true, false) => self.k.attention_grouped[dpl],
-                    (false, true) => self.k.attention_fused[dpl],
-                    (false, false) => self.k.attention[dpl],
+                    (_, _, Some(f)) => f[0],
+                    (true, true, None) => self.k.attention_grouped_fused[dpl],
+                    (true, false, None) => self.k.attention_grouped[dpl],
+                    (false, true, None) => self.k.attention_fused[dpl],
+                    (false, false, None) => self.k.attention[dpl],
                 };
                 let (att_f, att_heads, split) = match gqa {
                     Some(i) => (self.k.attention_gqa[i], d.n_kv_heads, 0),
@@ -4440,7 +4469,7 @@ impl CudaBackend {
                         att_dec_threads(dpl, grouped || deep)
                     };
                     let f = match (l2w, grouped) {
-                        (true, true) => self.k.attention_grouped_l2w[dpl],
+                        (true, true) => tc.map_or(self.k.attention_grouped_l2w[dpl], |f| f[1]),
                         (true, false) => self.k.attention_l2w[dpl],
                         _ => att_f,
                     };
