@@ -574,7 +574,7 @@ tcland)
   /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1
   /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
   export KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0
-  for m in tq/hf tq/model-q4_k_m.gguf dp8/hf; do
+  for m in tq/hf tq/model-q4_k_m.gguf dp8/model-q4_k_m.gguf; do
     rm -f /tmp/a.bin /tmp/b.bin
     KILN_CHECK_KV=f16 KILN_CUDA_ATT_TC=0 timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/a.bin 2>&1 | grep together | sed 's/^/  CUDA-core: /'
     KILN_CHECK_KV=f16 timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin 2>&1 | grep together | sed 's/^/  tensor-core: /'
@@ -583,10 +583,15 @@ tcland)
   done
   unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE; date -u +%T
   row() { echo "$1 p=$2 $3 ${4-} $(env $3 /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
-  for m in dp8/model-q4_k_m.gguf dp8/hf tq/model-q4_k_m.gguf; do for P in 2048 8192; do
-    for kv in f16 f32; do for b in _a "" _a ""; do B=$b row $m $P X=$b "-ctk $kv -ctv $kv"; done; done
-  done; done
-  for kv in f16 f32; do for b in _a ""; do B=$b row tq/model-q4_k_m.gguf 16 X=$b "-ctk $kv -ctv $kv"; done; done; date -u +%T ;;
+  for m in dp8/model-q4_k_m.gguf dp8/hf; do for P in 2048 8192; do
+    # Branch and main alternated, twice for 8B Q4_K_M ("-": the branch's kiln).
+    for kv in f16 f32; do for b in ${AB-_a - _a -}; do [ $b = - ] && b=
+      B=$b row $m $P X=$b "-ctk $kv -ctv $kv"
+    done; done
+  done; AB="_a -"; done
+  for P in 16 2048; do for kv in f16 f32; do for b in _a ""; do
+    B=$b row tq/model-q4_k_m.gguf $P X=$b "-ctk $kv -ctv $kv"
+  done; done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
