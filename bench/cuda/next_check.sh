@@ -592,6 +592,18 @@ tcland)
   for P in 16 2048; do for kv in f16 f32; do for b in _a ""; do
     B=$b row tq/model-q4_k_m.gguf $P X=$b "-ctk $kv -ctv $kv"
   done; done; done; date -u +%T ;;
+g2tc)
+  # Groups of 2 (Qwen3-0.6B: 16 / 8 heads, head dim 128) take the one-head blocks by default;
+  # forced grouped from 512 positions (KILN_CUDA_ATT_GROUP_CTX=512), with the tensor-core walk
+  # (f16) or the CUDA-core walk (f32, or f16 with KILN_CUDA_ATT_TC=0), at 2,048 and 8,192.
+  /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env $3 /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  for m in tq/model-q4_k_m.gguf tq/hf; do for P in 2048 8192; do
+    for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512 KILN_CUDA_ATT_GROUP_CTX=512,KILN_CUDA_ATT_TC=0; do
+      row $m $P ${e/,/ } "-ctk f16 -ctv f16"
+    done
+    for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512; do row $m $P $e; done
+  done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
