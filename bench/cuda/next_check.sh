@@ -597,10 +597,10 @@ g2tc)
   # forced grouped from 512 positions (KILN_CUDA_ATT_GROUP_CTX=512), with the tensor-core walk
   # (f16) or the CUDA-core walk (f32, or f16 with KILN_CUDA_ATT_TC=0), at 2,048 and 8,192.
   /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env $3 /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for m in tq/model-q4_k_m.gguf tq/hf; do for P in 2048 8192; do
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512 KILN_CUDA_ATT_GROUP_CTX=512,KILN_CUDA_ATT_TC=0; do
-      row $m $P ${e/,/ } "-ctk f16 -ctv f16"
+      row $m $P $e "-ctk f16 -ctv f16"
     done
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512; do row $m $P $e; done
   done; done; date -u +%T ;;
