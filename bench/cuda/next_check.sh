@@ -604,6 +604,15 @@ g2tc)
     done
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512; do row $m $P $e; done
   done; done; date -u +%T ;;
+g2ctx)
+  # Groups of 2 below 2,048: the one-head blocks (default) against grouped from the step's
+  # first position (KILN_CUDA_ATT_GROUP_CTX=$P), Qwen3-0.6B at P = 256, 512, 1,024.
+  /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  for m in tq/model-q4_k_m.gguf tq/hf; do for P in 256 512 1024; do
+    for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e; done
+    for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e "-ctk f16 -ctv f16"; done
+  done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
