@@ -613,6 +613,16 @@ g2ctx)
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e; done
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e "-ctk f16 -ctv f16"; done
   done; done; date -u +%T ;;
+tcctx)
+  # The tensor-core walk against the CUDA-core walk below 2,048 positions, f16 cache: 8B (group 4,
+  # grouped by default) and Qwen3-0.6B (group 2, forced grouped from P) at P = 256, 512, 1,024.
+  /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  for m in dp8/model-q4_k_m.gguf dp8/hf tq/model-q4_k_m.gguf tq/hf; do for P in 256 512 1024; do
+    G=X=1; case $m in tq/*) G=KILN_CUDA_ATT_GROUP_CTX=$P ;; esac
+    for v in 1 0; do row $m $P $G,KILN_CUDA_ATT_TC=$v "-ctk f16 -ctv f16"; done
+  done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
