@@ -1413,8 +1413,8 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
     ] {
         layout_check(&mut rows, ty, hd, heads, f16, Layout::Wide);
     }
-    // And every tiny model (groups of 2 and 1, which take it only when
-    // told to) against HF with it from position 0.
+    // And every tiny model (groups of 2 and 1, whose prompts stay below
+    // the bounds) against HF with it from position 0.
     with_env_restored(&["KILN_CUDA_ATT_GROUP", "KILN_CUDA_ATT_GROUP_CTX"], || {
         std::env::remove_var("KILN_CUDA_ATT_GROUP");
         std::env::set_var("KILN_CUDA_ATT_GROUP_CTX", "0");

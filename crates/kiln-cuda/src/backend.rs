@@ -2714,8 +2714,14 @@ impl CudaBackend {
         let float_o = layers.iter().any(|l| l.o.is_float());
         // The grouped kernels exist for head dims up to 128 that 8 divides
         // (a lane takes whole 16-byte words of 8 dims: attention.cu SplitLanes);
-        // by default a group of two or one (half or more of a block's heads
-        // copies) does not take them. `$KILN_CUDA_ATT_GROUP=0` never,
+        // by default a group of one (three of a block's four heads copies)
+        // does not take them. Groups of two do, from the same bounds, though
+        // half a block's heads are copies: Qwen3-0.6B (16 / 8 heads, head
+        // dim 128), S_TG after P positions, one-head blocks -> grouped, f32
+        // cache: Q4_K_M P = 256 / 512 / 1,024 / 2,048 / 8,192 1,393 / 1,289
+        // / 1,146 / 913 / 417 -> 1,462 / 1,425 / 1,329 / 1,163 / 685, bf16
+        // P = 512 / 1,024 / 8,192 1,171 / 1,049 / 406 -> 1,205 / 1,137 / 630
+        // (NOTES.md item 117). `$KILN_CUDA_ATT_GROUP=0` never,
         // `$KILN_CUDA_ATT_GROUP_CTX` the bound for any group (0: every step;
         // the tiny fixtures' groups of 2 and 1 are checked so). Never with
         // `invariant`: a step's reach is its furthest sequence's, and the
@@ -2731,7 +2737,7 @@ impl CudaBackend {
                 usize::MAX
             }
             Some(c) => c,
-            None if d.n_heads / d.n_kv_heads.max(1) < 3 => usize::MAX,
+            None if d.n_heads / d.n_kv_heads.max(1) < 2 => usize::MAX,
             None if float_o => ATT_GROUP_CTX,
             None => ATT_GROUP_CTX_Q8[usize::from(d.head_dim > 64)],
         };
@@ -4351,9 +4357,11 @@ impl CudaBackend {
                 let deep = dpl == 2
                     && gqa.is_none()
                     && head_blocks * n * split.max(1) <= self.att_deep_blocks;
-                // The tensor-core walk (f16 cache, head dim 128): 8B Q4_K_M at
-                // 2,048 / 8,192 positions 480 / 368 -> 486 / 432 tok/s, bf16 240
-                // / 209 -> 243 / 225 (NOTES.md item 117).
+                // The tensor-core walk (f16 cache, head dim 128), S_TG after P
+                // positions against the CUDA-core walk: 8B Q4_K_M P = 2,048 /
+                // 8,192 479 / 366 -> 488 / 433 tok/s, bf16 244 / 210 -> 247 /
+                // 228; below, -1.5% to 0 (8B Q4_K_M P = 256-1,024; NOTES.md
+                // item 117).
                 let tc = self
                     .k
                     .attention_grouped_tc
