@@ -28,6 +28,8 @@
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
 #   bash bench/cuda/next_check.sh tcland   # the f16 cache's tensor-core walk (kiln.xz) vs main (_a): fixtures, logits, depth rows
+#   bash bench/cuda/next_check.sh tcctx    # the tensor-core walk against the CUDA-core walk (f16) at 256-1,024 positions
+#   bash bench/cuda/next_check.sh g2tc     # groups of 2 (Qwen3-0.6B) forced grouped at 2,048 / 8,192 (g2ctx: 256-1,024)
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
 #   bash bench/cuda/next_check.sh cluctx   # the cluster merge always / never by depth, then the default (NOTES.md item 60)
 #   bash bench/cuda/next_check.sh gqadepth # grouped decode attention: main vs branch, tg256 and after 256-8,192-token prompts
