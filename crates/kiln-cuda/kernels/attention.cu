@@ -610,16 +610,17 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
     auto pair = [&](int k, int d) {
         return (u32)f2half(own[k][d], 0) | ((u32)f2half(own[k][d + 1], 0) << 16);
     };
+    // Dims d .. d + 7 of position p's K (k = 0) or V (1) row; src: the cache's.
+    auto word8 = [&](int k, int p, int d, const uint4* src) {
+        return p == own_pos ? make_uint4(pair(k, d), pair(k, d + 2), pair(k, d + 4), pair(k, d + 6)) : *src;
+    };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int p = min(tc_h_kpos(b, h, g), last);
         if (p <= safe) continue;
         const uint4* kp = (const uint4*)(kc + row_at(p) + 32 * t);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int d = 32 * t + 8 * i;
-            x.k[h][i] = p == own_pos ? make_uint4(pair(0, d), pair(0, d + 2), pair(0, d + 4), pair(0, d + 6)) : kp[i];
-        }
+        for (int i = 0; i < 4; i++) x.k[h][i] = word8(0, p, 32 * t + 8 * i, kp + i);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -627,10 +628,7 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
         if (p <= safe) continue;
         const uint4* vp = (const uint4*)(vc + row_at(p) + 16 * g);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int d = 16 * g + 8 * i;
-            x.v[j][i] = p == own_pos ? make_uint4(pair(1, d), pair(1, d + 2), pair(1, d + 4), pair(1, d + 6)) : vp[i];
-        }
+        for (int i = 0; i < 2; i++) x.v[j][i] = word8(1, p, 16 * g + 8 * i, vp + i);
     }
 }
 
