@@ -2518,13 +2518,13 @@ impl CudaBackend {
                 cluster_max(&k.attention_deep[1], att_dec_threads(2, true)),
             )
         };
-        // 0 where no step can take the cluster: then graphs are not keyed
-        // apart by a bound that changes nothing.
         let att_tc = k.attention_grouped_tc.is_some()
             && std::env::var("KILN_CUDA_ATT_TC").map_or(true, |v| v != "0")
             && d.head_dim == 128
             && d.n_heads <= 4 * d.n_kv_heads
             && d.attn_softcap.is_none();
+        // 0 where no step can take the cluster: then graphs are not keyed
+        // apart by a bound that changes nothing.
         let att_cluster_ctx = match att_cluster.as_deref() {
             _ if att_cluster_max < 2 || !(65..=128).contains(&d.head_dim) => 0,
             Some("1") => usize::MAX,
