@@ -551,8 +551,9 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
 // dim 128): scores and values through mma.m16n8k16 f16 with K and V as the
 // cache holds them, and q and the weights, which are f32, split in an f16
 // high part and the f16 rounding of the rest (two products each), so that
-// the sums keep nearly f32's accuracy (~1e-6 of the largest logit against
-// the CUDA-core walk). An f32 cache's version (3xTF32, mma.m16n8k8) lost
+// the sums keep nearly f32's accuracy (2.4e-6 of the largest logit against
+// the CUDA-core walk on a 2-layer model; more over many layers, where a K or
+// V value rounds to the other f16 neighbour). An f32 cache's version (3xTF32, mma.m16n8k8) lost
 // 5% to the CUDA-core walk at 2,048 positions (NOTES.md item 117).
 // d += A B: A 16 x 16 (a0 [g][2t, 2t + 1], a1 [g + 8][2t, 2t + 1], a2
 // [g][2t + 8, 2t + 9], a3 [g + 8][2t + 8, 2t + 9]), B 16 x 8 (b0 [2t, 2t +
@@ -643,7 +644,9 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
 // m-tile mt: rows g, g + 8 = dims 16 g + 2 mt and + 1) pairs positions 2t,
 // 2t + 1 and 8 + 2t, 9 + 2t of the lane's dims 16 g .. 16 g + 15 (byte
 // permutes of the loaded words). o[mt]: dims 16 g + 2 mt (+1 for
-// 2, 3) of heads 2t, 2t + 1 (lanes t >= 2: padding heads, zero).
+// 2, 3) of heads 2t, 2t + 1 (lanes t >= 2: padding heads, zero). `pre`:
+// `first` already holds the warp's first tile (tc_h_load before the PDL
+// wait, tc_h_fix after the barrier); else it is loaded here.
 template <typename RowAt>
 __device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowAt row_at, const u32 (*sqh)[36],
                                               int start, int lend, int warp, int W, int lane, float scale, bool pre,
