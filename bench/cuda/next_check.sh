@@ -106,6 +106,12 @@ fixtures() {
   timeout ${1:-200} /tmp/${2:-cc} --fixtures tests/data/fixtures > $OUT/checks.txt 2>&1; echo "fixtures rc $?"
   grep -E 'FAILURES|PASSED' $OUT/checks.txt; grep -E 'FAIL|differ' $OUT/checks.txt | head -5
 }
+# One decode-at-depth row: model $1 (under /tmp) after $2 positions (`--batch 1 -p $2 -n 128`),
+# environment $3 (VAR=v, comma-separated), bench arguments $4; $B picks the binary (kiln$B).
+row() {
+  echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} \
+    2>&1 | stg_of)"
+}
 # ncu ARGS... on the isolated launches 641-... of kernel $k (graphs off) in a one-sequence decode
 # after ${AD_P:-2048} positions of the 8B Q4_K_M model in /tmp/dp8 (the depth modes).
 ncu_depth() {
@@ -584,7 +590,6 @@ tcland)
     echo "$m f16: CUDA-core walk -> tensor-core walk"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $V 4
   done
   unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env $3 /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for m in dp8/model-q4_k_m.gguf dp8/hf; do for P in 2048 8192; do
     # Branch and main alternated, twice for 8B Q4_K_M ("-": the branch's kiln).
     for kv in f16 f32; do for b in ${AB-_a - _a -}; do [ $b = - ] && b=
@@ -599,7 +604,6 @@ g2tc)
   # forced grouped from 512 positions (KILN_CUDA_ATT_GROUP_CTX=512), with the tensor-core walk
   # (f16) or the CUDA-core walk (f32, or f16 with KILN_CUDA_ATT_TC=0), at 2,048 and 8,192.
   /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for m in tq/model-q4_k_m.gguf tq/hf; do for P in 2048 8192; do
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=512 KILN_CUDA_ATT_GROUP_CTX=512,KILN_CUDA_ATT_TC=0; do
       row $m $P $e "-ctk f16 -ctv f16"
@@ -610,7 +614,6 @@ g2ctx)
   # Groups of 2 below 2,048: the one-head blocks (default) against grouped from the step's
   # first position (KILN_CUDA_ATT_GROUP_CTX=$P), Qwen3-0.6B at P = 256, 512, 1,024.
   /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for m in tq/model-q4_k_m.gguf tq/hf; do for P in 256 512 1024; do
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e; done
     for e in X=1 KILN_CUDA_ATT_GROUP_CTX=$P; do row $m $P $e "-ctk f16 -ctv f16"; done
@@ -620,7 +623,6 @@ tcctx)
   # grouped by default) and Qwen3-0.6B (group 2, forced grouped from P) at P = 256, 512, 1,024.
   /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1
   /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for m in dp8/model-q4_k_m.gguf dp8/hf tq/model-q4_k_m.gguf tq/hf; do for P in 256 512 1024; do
     G=X=1; case $m in tq/*) G=KILN_CUDA_ATT_GROUP_CTX=$P ;; esac
     for v in 1 0; do row $m $P $G,KILN_CUDA_ATT_TC=$v "-ctk f16 -ctv f16"; done

@@ -553,8 +553,9 @@ __device__ __forceinline__ void attention_cluster_merge(const float (*sm)[W], co
 // high part and the f16 rounding of the rest (two products each), so that
 // the sums keep nearly f32's accuracy (2.4e-6 of the largest logit against
 // the CUDA-core walk on a 2-layer model; more over many layers, where a K or
-// V value rounds to the other f16 neighbour). An f32 cache's version (3xTF32, mma.m16n8k8) lost
-// 5% to the CUDA-core walk at 2,048 positions (NOTES.md item 117).
+// V value rounds to the other f16 neighbour). An f32 cache's version
+// (3xTF32, mma.m16n8k8) lost 5% to the CUDA-core walk at 2,048 positions
+// (NOTES.md item 117).
 // d += A B: A 16 x 16 (a0 [g][2t, 2t + 1], a1 [g + 8][2t, 2t + 1], a2
 // [g][2t + 8, 2t + 9], a3 [g + 8][2t + 8, 2t + 9]), B 16 x 8 (b0 [2t, 2t +
 // 1][g], b1 [2t + 8, 2t + 9][g]; f16 pairs, the lower index in the low
@@ -581,6 +582,15 @@ struct TcTileH {
 };
 __device__ __forceinline__ int tc_h_kpos(int b, int h, int g) { return b + 8 * h + g; }
 __device__ __forceinline__ int tc_h_vpos(int b, int j, int t) { return b + (j & 1) + 2 * t + 8 * (j >> 1); }
+// Lane (g, t)'s words of position p's K row (4) and V row (2).
+template <typename RowAt>
+__device__ __forceinline__ const uint4* tc_h_krow(const u16* kc, RowAt row_at, int p, int t) {
+    return (const uint4*)(kc + row_at(p) + 32 * t);
+}
+template <typename RowAt>
+__device__ __forceinline__ const uint4* tc_h_vrow(const u16* vc, RowAt row_at, int p, int g) {
+    return (const uint4*)(vc + row_at(p) + 16 * g);
+}
 // Positions past `last` load the last one's rows: unconditional loads stay
 // together ahead of their uses (conditional ones were placed at each use,
 // a round trip a step); those positions' weights are 0 and their (finite)
@@ -590,13 +600,13 @@ __device__ __forceinline__ void tc_h_load(const u16* kc, const u16* vc, RowAt ro
                                           TcTileH& x) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const uint4* kp = (const uint4*)(kc + row_at(min(tc_h_kpos(b, h, g), last)) + 32 * t);
+        const uint4* kp = tc_h_krow(kc, row_at, min(tc_h_kpos(b, h, g), last), t);
 #pragma unroll
         for (int i = 0; i < 4; i++) x.k[h][i] = kp[i];
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const uint4* vp = (const uint4*)(vc + row_at(min(tc_h_vpos(b, j, t), last)) + 16 * g);
+        const uint4* vp = tc_h_vrow(vc, row_at, min(tc_h_vpos(b, j, t), last), g);
         x.v[j][0] = vp[0];
         x.v[j][1] = vp[1];
     }
@@ -619,7 +629,7 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
     for (int h = 0; h < 2; h++) {
         int p = min(tc_h_kpos(b, h, g), last);
         if (p <= safe) continue;
-        const uint4* kp = (const uint4*)(kc + row_at(p) + 32 * t);
+        const uint4* kp = tc_h_krow(kc, row_at, p, t);
 #pragma unroll
         for (int i = 0; i < 4; i++) x.k[h][i] = word8(0, p, 32 * t + 8 * i, kp + i);
     }
@@ -627,7 +637,7 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
     for (int j = 0; j < 4; j++) {
         int p = min(tc_h_vpos(b, j, t), last);
         if (p <= safe) continue;
-        const uint4* vp = (const uint4*)(vc + row_at(p) + 16 * g);
+        const uint4* vp = tc_h_vrow(vc, row_at, p, g);
 #pragma unroll
         for (int i = 0; i < 2; i++) x.v[j][i] = word8(1, p, 16 * g + 8 * i, vp + i);
     }
@@ -666,10 +676,10 @@ __device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowA
     for (int b = start + 16 * warp + 16 * W; b < lend; b += 16 * W) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + row_at(min(tc_h_kpos(b, h, g), lend - 1)) + 32 * t));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(tc_h_krow(kc, row_at, min(tc_h_kpos(b, h, g), lend - 1), t)));
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + row_at(min(tc_h_vpos(b, j, t), lend - 1)) + 16 * g));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(tc_h_vrow(vc, row_at, min(tc_h_vpos(b, j, t), lend - 1), g)));
     }
     auto step = [&](int b, const TcTileH& tile) {
         int nv = min(16, lend - b);

@@ -1296,7 +1296,8 @@ struct Kernels {
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
     /// The fused grouped kernels at head dim 128 with the tensor-core walk,
     /// f16 cache only: `attention_fgt4_h`, with an L2 window
-    /// `attention_flgt4_h`.
+    /// `attention_flgt4_h`. None where the model cannot take them (groups
+    /// past 4 query heads, a softcap) or `$KILN_CUDA_ATT_TC=0`.
     attention_grouped_tc: Option<[cudarc::driver::sys::CUfunction; 2]>,
     /// The wide decode attention ([`AttReach::Wide`]), fused, for head dims
     /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
@@ -1847,10 +1848,6 @@ pub struct CudaBackend {
     att_wide_ctx: usize,
     /// ATT_WIDE_TOKENS, or `$KILN_CUDA_ATT_WIDE_TOKENS`.
     att_wide_tokens: usize,
-    /// The grouped kernels' tensor-core walk ([`Kernels::attention_grouped_tc`]):
-    /// f16 cache, head dim 128, groups of up to 4 query heads, no softcap;
-    /// `$KILN_CUDA_ATT_TC=0` never.
-    att_tc: bool,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -2518,11 +2515,13 @@ impl CudaBackend {
                 cluster_max(&k.attention_deep[1], att_dec_threads(2, true)),
             )
         };
-        let att_tc = k.attention_grouped_tc.is_some()
-            && std::env::var("KILN_CUDA_ATT_TC").map_or(true, |v| v != "0")
-            && d.head_dim == 128
-            && d.n_heads <= 4 * d.n_kv_heads
-            && d.attn_softcap.is_none();
+        if std::env::var("KILN_CUDA_ATT_TC").is_ok_and(|v| v == "0")
+            || d.head_dim != 128
+            || d.n_heads > 4 * d.n_kv_heads
+            || d.attn_softcap.is_some()
+        {
+            k.attention_grouped_tc = None;
+        }
         // 0 where no step can take the cluster: then graphs are not keyed
         // apart by a bound that changes nothing.
         let att_cluster_ctx = match att_cluster.as_deref() {
@@ -2844,7 +2843,6 @@ impl CudaBackend {
             att_group_ctx,
             att_wide_ctx,
             att_wide_tokens: env_parse("KILN_CUDA_ATT_WIDE_TOKENS").unwrap_or(ATT_WIDE_TOKENS),
-            att_tc,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -4362,10 +4360,7 @@ impl CudaBackend {
                 // 8,192 479 / 366 -> 488 / 433 tok/s, bf16 244 / 210 -> 247 /
                 // 228; below, -1.5% to 0 (8B Q4_K_M P = 256-1,024; NOTES.md
                 // item 117).
-                let tc = self
-                    .k
-                    .attention_grouped_tc
-                    .filter(|_| grouped && fused && self.att_tc);
+                let tc = self.k.attention_grouped_tc.filter(|_| grouped && fused);
                 let att_dec = match (grouped, fused, tc) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (_, _, Some(f)) => f[0],
