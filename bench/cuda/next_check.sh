@@ -28,6 +28,7 @@
 #   bash bench/cuda/next_check.sh stepprof # ncu: a batched decode step kernel by kernel (8B $EV_TYPES at --batch $BATCHES)
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
 #   bash bench/cuda/next_check.sh tcland   # the f16 cache's tensor-core walk (kiln.xz) vs main (_a): fixtures, logits, depth rows
+#   bash bench/cuda/next_check.sh pfctx    # branch att-pf (L2 prefetch in the grouped walk, TC from 2,048) vs main (_a): fixtures, bits, depth rows
 #   bash bench/cuda/next_check.sh tcctx    # the tensor-core walk against the CUDA-core walk (f16) at 256-1,024 positions
 #   bash bench/cuda/next_check.sh g2tc     # groups of 2 (Qwen3-0.6B) forced grouped at 2,048 / 8,192 (g2ctx: 256-1,024)
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
@@ -627,6 +628,30 @@ tcctx)
     G=X=1; case $m in tq/*) G=KILN_CUDA_ATT_GROUP_CTX=$P ;; esac
     for v in 1 0; do row $m $P $G,KILN_CUDA_ATT_TC=$v "-ctk f16 -ctv f16"; done
   done; done; date -u +%T ;;
+pfctx)
+  # Branch att-pf (kiln.xz) against main (_a): the CUDA-core grouped walk's L2 prefetch ATT_PF
+  # positions ahead, and the tensor-core walk only from ATT_TC_CTX (2,048; AttReach::Far).
+  # Fixtures; logits with every step grouped bit for bit with main (f32 cache; f16 against main's
+  # CUDA-core walk, KILN_CUDA_ATT_TC=0 there); then decode at depth alternated, both caches.
+  fixtures 260
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Llama-3.2-1B /tmp/dp1 --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Qwen3-0.6B /tmp/tq --types q4_k_m > /dev/null 2>&1; date -u +%T
+  export KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0
+  for m in tq/hf dp1/model-q4_k_m.gguf dp8/model-q4_k_m.gguf; do for kv in f32 f16; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    KILN_CHECK_KV=$kv KILN_CUDA_ATT_TC=0 timeout 120 /tmp/cc_a --logits /tmp/$m "$IDS" /tmp/a.bin > /dev/null 2>&1
+    KILN_CHECK_KV=$kv timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    cmp -s /tmp/a.bin /tmp/b.bin && echo "$m $kv: = main, bit for bit" || { echo "$m $kv: differs"; \
+      python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $(( $(stat -c %s /tmp/a.bin) / 4 / 96 )) 4; }
+  done; done
+  unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  ab() { for b in _a -; do [ $b = - ] && b=; B=$b row $1 $2 X=$b "${3-}"; done; }
+  for P in 512 1024 2048 8192; do for kv in f32 f16; do ab dp8/model-q4_k_m.gguf $P "-ctk $kv -ctv $kv"; done; done
+  for P in 2048 8192; do ab dp8/hf $P; ab dp1/model-q4_k_m.gguf $P; done
+  for P in 1024 2048; do ab tq/model-q4_k_m.gguf $P "-ctk f16 -ctv f16"; done
+  for P in 2048 8192; do ab dp8/model-q4_k_m.gguf $P; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.

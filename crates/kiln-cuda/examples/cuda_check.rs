@@ -1153,6 +1153,7 @@ fn layout_check(
                 "KILN_CUDA_ATT_GROUP_CTX",
                 "KILN_CUDA_ATT_SPLIT",
                 "KILN_CUDA_ATT_TC",
+                "KILN_CUDA_ATT_TC_CTX",
                 "KILN_CUDA_ATT_WIDE",
                 "KILN_CUDA_ATT_WIDE_CTX",
             ];
@@ -1180,6 +1181,7 @@ fn layout_check(
                         std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
                         if on {
                             std::env::remove_var("KILN_CUDA_ATT_TC");
+                            std::env::set_var("KILN_CUDA_ATT_TC_CTX", "8");
                         } else {
                             std::env::set_var("KILN_CUDA_ATT_TC", "0");
                         }
@@ -1257,7 +1259,7 @@ enum Layout {
     Wide,
     Deep,
     /// The grouped kernels' tensor-core walk (f16 cache, head dim 128)
-    /// against their CUDA-core walk (`KILN_CUDA_ATT_TC=0`), grouped from
+    /// against their CUDA-core walk (`KILN_CUDA_ATT_TC=0`), both from
     /// position 8.
     TensorCore,
 }

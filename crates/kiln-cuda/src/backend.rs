@@ -797,9 +797,21 @@ enum AttReach {
     /// dim 64) or 16 (128, 256) warps per query head, one slice
     /// (`attention_fw*` / `flw*`).
     Wide = 3,
+    /// Long, and some position at `att_tc_ctx` or past: the grouped
+    /// kernels' tensor-core walk (f16 cache, head dim 128).
+    Far = 4,
 }
 /// AttReach's values, for the graphs' keys.
-const ATT_REACHES: usize = AttReach::Wide as usize + 1;
+const ATT_REACHES: usize = AttReach::Far as usize + 1;
+/// Steps reaching this position or further take the grouped kernels'
+/// tensor-core walk where it applies ([`AttReach::Far`]); below, their
+/// CUDA-core walk is ahead. f16 cache, S_TG after P positions, tensor-core
+/// against CUDA-core walk: 8B Q4_K_M P = 256 / 512 / 1,024 / 2,048 / 8,192
+/// 512 / 511 / 504 / 488 / 433 against 520 / 518 / 504 / 479 / 366;
+/// Qwen3-0.6B Q4_K_M (groups of two) 1,300 / 1,294 / 1,267 / 1,207 / 914
+/// against 1,352 / 1,331 / 1,292 / 1,181 / 691 (NOTES.md item 117).
+/// `$KILN_CUDA_ATT_TC_CTX` sets it.
+const ATT_TC_CTX: usize = 2048;
 
 /// Threads a block of the split decode attention (`attention_d*` /
 /// `attention_f*` / `attention_c*`) for head dims up to 64 (`dpl` 0), 128,
@@ -1848,6 +1860,10 @@ pub struct CudaBackend {
     att_wide_ctx: usize,
     /// ATT_WIDE_TOKENS, or `$KILN_CUDA_ATT_WIDE_TOKENS`.
     att_wide_tokens: usize,
+    /// Steps reaching this position take the grouped kernels' tensor-core
+    /// walk ([`AttReach::Far`], [`Kernels::attention_grouped_tc`]);
+    /// `usize::MAX` where the model has none: never.
+    att_tc_ctx: usize,
     /// Batches of at least this many tokens use the GQA-sharing attention
     /// (`$KILN_CUDA_ATT_GQA_MIN`, default 16).
     att_gqa_min: usize,
@@ -2522,6 +2538,11 @@ impl CudaBackend {
         {
             k.attention_grouped_tc = None;
         }
+        let att_tc_ctx = if k.attention_grouped_tc.is_some() {
+            env_parse("KILN_CUDA_ATT_TC_CTX").unwrap_or(ATT_TC_CTX)
+        } else {
+            usize::MAX
+        };
         // 0 where no step can take the cluster: then graphs are not keyed
         // apart by a bound that changes nothing.
         let att_cluster_ctx = match att_cluster.as_deref() {
@@ -2843,6 +2864,7 @@ impl CudaBackend {
             att_group_ctx,
             att_wide_ctx,
             att_wide_tokens: env_parse("KILN_CUDA_ATT_WIDE_TOKENS").unwrap_or(ATT_WIDE_TOKENS),
+            att_tc_ctx,
             att_gqa_min: if opts.invariant {
                 usize::MAX
             } else {
@@ -4083,7 +4105,7 @@ impl CudaBackend {
     /// 666 tok/s against 961 with 16 slices, 1B Q4_0 shape).
     fn split_for(&self, batch: &Batch<'_>, reach: AttReach) -> usize {
         let d = &self.desc;
-        let grouped = reach == AttReach::Long;
+        let grouped = matches!(reach, AttReach::Long | AttReach::Far);
         let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
         let split = self
             .att_blocks
@@ -4347,7 +4369,8 @@ impl CudaBackend {
                 // Registers sized for the head: dims up to 64, 128, 256.
                 let dpl = att_dpl(d.head_dim);
                 // `att_group_ctx` is usize::MAX for head dims past 128.
-                let grouped = reach == AttReach::Long && gqa.is_none() && dpl < 2;
+                let grouped =
+                    matches!(reach, AttReach::Long | AttReach::Far) && gqa.is_none() && dpl < 2;
                 let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
                 // Steps past att_split_tokens take one slice.
                 let split = if n <= self.att_split_tokens { split } else { 1 };
@@ -4355,12 +4378,13 @@ impl CudaBackend {
                 let deep = dpl == 2
                     && gqa.is_none()
                     && head_blocks * n * split.max(1) <= self.att_deep_blocks;
-                // The tensor-core walk (f16 cache, head dim 128), S_TG after P
-                // positions against the CUDA-core walk: 8B Q4_K_M P = 2,048 /
-                // 8,192 479 / 366 -> 488 / 433 tok/s, bf16 244 / 210 -> 247 /
-                // 228; below, -1.5% to 0 (8B Q4_K_M P = 256-1,024; NOTES.md
-                // item 117).
-                let tc = self.k.attention_grouped_tc.filter(|_| grouped && fused);
+                // The tensor-core walk (f16 cache, head dim 128) from
+                // ATT_TC_CTX: 8B bf16 S_TG after 2,048 / 8,192 positions 244 /
+                // 210 -> 247 / 228 tok/s (NOTES.md item 117).
+                let tc = self
+                    .k
+                    .attention_grouped_tc
+                    .filter(|_| grouped && fused && reach == AttReach::Far);
                 let att_dec = match (grouped, fused, tc) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (_, _, Some(f)) => f[0],
@@ -4659,6 +4683,8 @@ impl CudaBackend {
             .unwrap_or(0);
         if batch.len() <= self.att_wide_tokens && far < self.att_wide_ctx {
             AttReach::Wide
+        } else if far >= self.att_group_ctx.max(self.att_tc_ctx) {
+            AttReach::Far
         } else if far >= self.att_group_ctx {
             AttReach::Long
         } else if far < self.att_cluster_ctx {
