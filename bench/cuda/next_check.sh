@@ -641,7 +641,7 @@ pfctx)
   for m in tq/hf dp1/model-q4_k_m.gguf dp8/model-q4_k_m.gguf; do for kv in f32 f16; do
     rm -f /tmp/a.bin /tmp/b.bin
     KILN_CHECK_KV=$kv KILN_CUDA_ATT_TC=0 timeout 120 /tmp/cc_a --logits /tmp/$m "$IDS" /tmp/a.bin > /dev/null 2>&1
-    KILN_CHECK_KV=$kv timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin > /dev/null 2>&1
+    KILN_CHECK_KV=$kv timeout 120 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin 2>&1 | grep together | sed "s|^|  $m $kv: |"
     cmp -s /tmp/a.bin /tmp/b.bin && echo "$m $kv: = main, bit for bit" || { echo "$m $kv: differs"; \
       python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $(( $(stat -c %s /tmp/a.bin) / 4 / 96 )) 4; }
   done; done
