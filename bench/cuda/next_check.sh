@@ -29,6 +29,7 @@
 #   bash bench/cuda/next_check.sh invab    # batch invariance: k sequences together = alone (default / invariant), invariant S_TG by $MVQST
 #   bash bench/cuda/next_check.sh tcland   # the f16 cache's tensor-core walk (kiln.xz) vs main (_a): fixtures, logits, depth rows
 #   bash bench/cuda/next_check.sh pfctx    # branch att-pf (L2 prefetch in the grouped walk, TC from 2,048) vs main (_a): fixtures, bits, depth rows
+#   bash bench/cuda/next_check.sh tcsplit  # the tensor-core walk (f16) by slice count 8 / 16 / 32 at 2,048 / 8,192 (kiln.xz)
 #   bash bench/cuda/next_check.sh tcctx    # the tensor-core walk against the CUDA-core walk (f16) at 256-1,024 positions
 #   bash bench/cuda/next_check.sh g2tc     # groups of 2 (Qwen3-0.6B) forced grouped at 2,048 / 8,192 (g2ctx: 256-1,024)
 #   bash bench/cuda/next_check.sh kvf16    # f16 KV cache: fixtures, f32 logits = main, f32 vs f16 tg256 and tg at depth 8192
@@ -652,6 +653,15 @@ pfctx)
   for P in 2048 8192; do ab dp8/hf $P; ab dp1/model-q4_k_m.gguf $P; done
   for P in 1024 2048; do ab tq/model-q4_k_m.gguf $P "-ctk f16 -ctv f16"; done
   for P in 2048 8192; do ab dp8/model-q4_k_m.gguf $P; done; date -u +%T ;;
+tcsplit)
+  # The tensor-core walk's slices (f16 cache): at 2,048 positions 16 slices leave a block's
+  # warps 8-15 idle (128 positions, tiles of 16); 8 slices fill them, 32 halve each warp's
+  # tiles at 8,192. 8B Q4_K_M and bf16, KILN_CUDA_ATT_SPLIT 8 / 16 / 32, alternated twice.
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
+  for r in 1 2; do for m in dp8/model-q4_k_m.gguf dp8/hf; do for P in 2048 8192; do
+    for sp in 8 16 32; do row $m $P KILN_CUDA_ATT_SPLIT=$sp "-ctk f16 -ctv f16"; done
+  done; done; done; date -u +%T ;;
 skip)
   # Each family's launches skipped (outputs wrong, timing only): the ceiling of any fusion
   # that removes that family's kernels while the GEMVs stay as they are.
