@@ -647,7 +647,6 @@ pfctx)
       python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $(( $(stat -c %s /tmp/a.bin) / 4 / 96 )) 4; }
   done; done
   unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln${B-} bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   ab() { for b in _a -; do [ $b = - ] && b=; B=$b row $1 $2 X=$b "${3-}"; done; }
   for P in 512 1024 2048 8192; do for kv in f32 f16; do ab dp8/model-q4_k_m.gguf $P "-ctk $kv -ctv $kv"; done; done
   for P in 2048 8192; do ab dp8/hf $P; ab dp1/model-q4_k_m.gguf $P; done
@@ -658,7 +657,6 @@ tcsplit)
   # warps 8-15 idle (128 positions, tiles of 16); 8 slices fill them, 32 halve each warp's
   # tiles at 8,192. 8B Q4_K_M and bf16, KILN_CUDA_ATT_SPLIT 8 / 16 / 32, alternated twice.
   /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
-  row() { echo "$1 p=$2 $3 ${4-} $(env ${3//,/ } /tmp/kiln bench /tmp/$1 --device cuda --batch 1 -p $2 -n 128 -r 1 ${4-} 2>&1 | stg_of)"; }
   for r in 1 2; do for m in dp8/model-q4_k_m.gguf dp8/hf; do for P in 2048 8192; do
     for sp in 8 16 32; do row $m $P KILN_CUDA_ATT_SPLIT=$sp "-ctk f16 -ctv f16"; done
   done; done; done; date -u +%T ;;
