@@ -783,28 +783,6 @@ struct SplitLanes {
 };
 // Registers a lane gives the K / V words of the positions it keeps in flight.
 #define ATT_SPLIT_REGS 64
-// Positions past those in flight that a warp of the grouped kernels keeps
-// on their way into L2 (att_prefetch_warp): its later loads then wait for
-// L2, not DRAM. A slice's rows all at once overflowed L2 at 8,192 positions
-// (NOTES.md item 117).
-#define ATT_PF 8
-
-// The K and V rows (one KV head, hd elements; head dims up to 32 DPL) of
-// the warp's positions p, p + W, ..., n of them below lend, into L2: the
-// warp's lanes over (position, 128-byte line) pairs, so one table lookup a
-// lane for up to 32 lines.
-template <int DPL, typename KV, typename RowAt>
-__device__ __forceinline__ void att_prefetch_warp(const KV* kc, const KV* vc, RowAt row_at, int p, int n, int W,
-                                                  int lend, int hd, int lane) {
-    constexpr int EL = 128 / sizeof(KV), LPR = DPL * 32 / EL > 0 ? DPL * 32 / EL : 1, PER = 2 * LPR;
-    for (int i = lane; i < n * PER; i += 32) {
-        int q = p + (i / PER) * W, r = i % PER, off = (r % LPR) * EL;
-        if (q < lend && off < hd) {
-            const KV* row = (r < LPR ? kc : vc) + row_at(q) + off;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
-        }
-    }
-}
 
 // A lane's words of one position's K and V rows (raw cache elements).
 template <typename KV>
@@ -1164,14 +1142,10 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             int p = p0 + j * W;
             if (!pre[j] && p < lend) load_kv_words<DPL>(kc, vc, row_at(p), jl, hd, r[j]);
         }
-        // The ATT_PF positions after those in flight; each round of PRE then
-        // adds the PRE after those.
-        att_prefetch_warp<DPL>(kc, vc, row_at, p0 + PRE * W, ATT_PF, W, lend, hd, lane);
         if constexpr (DPL > 2) {
             // Head dims past 64: a position at a time (tiles of 2 or 4 lost 3-4%
             // at 512-1,024 positions, 8B; NOTES.md item 64).
             for (int b = p0; b < lend; b += PRE * W) {
-                att_prefetch_warp<DPL>(kc, vc, row_at, b + (PRE + ATT_PF) * W, PRE, W, lend, hd, lane);
 #pragma unroll
                 for (int j = 0; j < PRE; j++) {
                     int p = b + j * W;
@@ -1186,7 +1160,6 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             // Tiles of T slots (att_tile_split).
             constexpr int T = PRE < 4 ? PRE : 4;
             for (int b = p0; b < lend; b += PRE * W) {
-                att_prefetch_warp<DPL>(kc, vc, row_at, b + (PRE + ATT_PF) * W, PRE, W, lend, hd, lane);
 #pragma unroll
                 for (int j0 = 0; j0 < PRE; j0 += T) {
                     int nv = min(T, (lend - b - j0 * W + W - 1) / W);
