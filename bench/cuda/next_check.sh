@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh l2hint   # the GEMVs' weight loads with .L2::256B (kiln) / ::128B (kiln_b) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh glustamps # the float GLU forced on short rows (KILN_CUDA_MVFG_MIN=0) vs act_mul: tg256, 1B stamps
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
 #   bash bench/cuda/next_check.sh flat     # a repacked layout (kiln.xz / cuda_check.xz) vs main (_a) on $FL_TYPES: fixtures, bits, tg256, batched ($FL_BINS, $FL_SMALL)
@@ -801,12 +802,28 @@ invf)
   for m in iv1/hf ivg/hf ivg/model-q4_k_m.gguf; do for b in kiln_a kiln; do
     echo "$m invariant $b $(KILN_CUDA_INVARIANT=1 /tmp/$b bench /tmp/$m --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; date -u +%T ;;
+l2hint)
+  # The GEMVs' weight streams with an L2 prefetch size (ld.global.nc ... .L2::256B on branch
+  # l2hint: kiln / cc; .L2::128B on l2hint128: kiln_b / cc_b) against main (_a): logits bit for
+  # bit, then the #7 tg256 rows alternated.
+  for S in Llama-3.1-8B Llama-3.2-1B; do /tmp/kiln synth $S /tmp/tg-$S --types q8_0,q4_0,q4_k_m > /dev/null 2>&1; done
+  date -u +%T
+  for m in Llama-3.2-1B:hf Llama-3.2-1B:q4_k_m Llama-3.1-8B:q4_0 Llama-3.1-8B:q8_0; do
+    S=${m%%:*}; t=${m#*:}
+    for c in cc cc_b; do same_logits $(model_of /tmp/tg-$S $t) $c > /dev/null && echo "$m $c = main, bit for bit" || echo "$m $c DIFFERS"; done
+  done; date -u +%T
+  TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
+    bash $0 tgab ;;
 tgab)
-  # tg256 p16 of kiln_a (main) and kiln (the branch) alternated, $TG_ROUNDS rounds (default 2), on
-  # $TG_SHAPES (default: the float shapes a fused-norm change reaches) in $TG_TYPES (default hf).
+  # tg256 p16 of $TG_BINS (default kiln_a (main) and kiln (the branch)) alternated, $TG_ROUNDS
+  # rounds (default 2), on $TG_SHAPES (default: the float shapes a fused-norm change reaches) in
+  # $TG_TYPES (default hf).
   SH=${TG_SHAPES:-Gemma-3-1B Qwen3-0.6B SmolLM2-360M Llama-3.2-1B}; TT=${TG_TYPES:-hf}
-  for S in $SH; do /tmp/kiln synth $S /tmp/tg-$S --types "$(gguf_types $TT)" > /dev/null 2>&1; done; date -u +%T
-  for r in $(seq ${TG_ROUNDS:-2}); do for S in $SH; do for t in $TT; do for b in kiln_a kiln; do
+  for S in $SH; do
+    have=1; for t in $TT; do [ -e $(model_of /tmp/tg-$S $t) ] || have=0; done
+    [ $have = 1 ] || /tmp/kiln synth $S /tmp/tg-$S --types "$(gguf_types $TT)" > /dev/null 2>&1
+  done; date -u +%T
+  for r in $(seq ${TG_ROUNDS:-2}); do for S in $SH; do for t in $TT; do for b in ${TG_BINS:-kiln_a kiln}; do
     echo "$S $t $b $(/tmp/$b bench $(model_of /tmp/tg-$S $t) --device cuda -p 16 -n 256 -r 2 2>&1 | tg_of)"
   done; done; done; done; date -u +%T ;;
 glustamps)
