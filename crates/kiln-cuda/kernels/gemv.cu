@@ -11,12 +11,22 @@
 //   at a time (`__dp4a`), then one float scale per unit. A warp per row,
 //   each lane one 32-value unit per step, two units in flight.
 
+// A weight stream's L2 fetch (ld_stream*'s LINE): the hardware's choice, or
+// the whole 128-byte line (.L2::128B). Whole lines gained on the K-quants'
+// 144-byte super-blocks (8B Q4_K_M tg256 +0.5%) and nothing on Q8_0, Q4_0 or
+// bf16; 256-byte blocks lost 0.4-5% (NOTES.md item 118).
 // 16 bytes from global memory, not kept in L1 (weights are read once).
+template <bool LINE = false>
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+    if constexpr (LINE)
+        asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
     return v;
 }
 
@@ -628,9 +638,13 @@ template <int T>
 __device__ __forceinline__ void rload_k(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d);
 
 // 8 bytes from global memory, not kept in L1.
+template <bool LINE = false>
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
     uint2 v;
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    if constexpr (LINE)
+        asm("ld.global.nc.L1::no_allocate.L2::128B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
 
@@ -638,8 +652,8 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
 // bytes) past unit u's, its super-block's d 4 k super-blocks on (rload and
 // rload_k).
 __device__ __forceinline__ void q6kr_load(const u8* __restrict__ row, int u, int k, int cols, uint4* q, u16* d) {
-    q[0] = ld_stream16(q6kr_lo(row, u) + Q6KR_RUN * k);
-    uint2 h = ld_stream8(q6kr_hi(row, u) + Q6KR_RUN * k);
+    q[0] = ld_stream16<true>(q6kr_lo(row, u) + Q6KR_RUN * k);
+    uint2 h = ld_stream8<true>(q6kr_hi(row, u) + Q6KR_RUN * k);
     q[1] = make_uint4(h.x, h.y, ld_u16(q6kr_sc(row, u) + Q6KR_RUN * k), 0u);
     *d = ld_u16(q6kr_dp(row, (u >> 3) + 4 * k, cols >> 8));
 }
@@ -652,8 +666,8 @@ __device__ __forceinline__ void rload<T_Q6_KR>(const u8* __restrict__ row, int u
 template <>
 __device__ __forceinline__ void rload<T_Q4_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
     const u8* b = row + (u >> 3) * 144;
-    q[0] = ld_stream16(b + 16 + 16 * (u & 7));
-    q[1] = ld_stream16(b);
+    q[0] = ld_stream16<true>(b + 16 + 16 * (u & 7));
+    q[1] = ld_stream16<true>(b);
     *d = (u16)(u & 7);
 }
 
@@ -772,8 +786,8 @@ template <>
 __device__ __forceinline__ void rload_k<T_Q4_KR>(const u8* __restrict__ row, int u0, int k, int cols, uint4* q, u16* d) {
     const u8* b = row + (u0 >> 3) * 144;
     const u8* pq = b + 16 + 16 * (u0 & 7);
-    q[0] = ld_stream16(pq + 4 * 144 * k);
-    q[1] = ld_stream16(b + 4 * 144 * k);
+    q[0] = ld_stream16<true>(pq + 4 * 144 * k);
+    q[1] = ld_stream16<true>(b + 4 * 144 * k);
     *d = (u16)(u0 & 7);
 }
 template <>
