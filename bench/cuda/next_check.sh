@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh l2k      # Q5_K / Q3_K / Q2_K streams with .L2::128B (branch l2line-k) vs main; invariant f16 batches
 #   bash bench/cuda/next_check.sh l2hint   # the GEMVs' weight loads with .L2::256B (kiln) / ::128B (kiln_b) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh glustamps # the float GLU forced on short rows (KILN_CUDA_MVFG_MIN=0) vs act_mul: tg256, 1B stamps
 #   bash bench/cuda/next_check.sh short    # short-row streaming kernels (kiln.xz) vs main (_a) on $SR_SHAPES, $SR_TYPES: fixtures, bits, tg256
@@ -814,6 +815,20 @@ l2hint)
   done; date -u +%T
   TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
     bash $0 tgab ;;
+l2k)
+  # Branch l2line-k (kiln / cc): Q5_K, Q3_K and Q2_K weight streams with .L2::128B too, against
+  # main (_a, Q4_K / Q6_K only): logits bit for bit, then tg256 of Q5_K_M, Q3_K_M, Q2_K
+  # alternated; first the f16 cache's batch invariance in invariant mode (KILN_CUDA_INVARIANT=1,
+  # 2-4 sequences together against alone; NOTES.md item 117), both caches.
+  for S in Llama-3.1-8B Llama-3.2-1B; do /tmp/kiln synth $S /tmp/tg-$S --types q5_k_m,q3_k_m,q2_k,q4_k_m > /dev/null 2>&1; done
+  date -u +%T
+  for m in tg-Llama-3.2-1B/hf tg-Llama-3.2-1B/model-q4_k_m.gguf; do for kv in f32 f16; do
+    KILN_CUDA_INVARIANT=1 KILN_CHECK_KV=$kv timeout 120 /tmp/cc_a --logits /tmp/$m "$IDS" /tmp/a.bin 2>&1 | grep together | sed "s|^|  invariant $m $kv: |"
+  done; done; date -u +%T
+  for t in q5_k_m q3_k_m q2_k; do for S in Llama-3.2-1B Llama-3.1-8B; do
+    same_logits $(model_of /tmp/tg-$S $t) > /dev/null && echo "$S $t = main, bit for bit" || echo "$S $t DIFFERS"
+  done; done; date -u +%T
+  TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="q5_k_m q3_k_m q2_k" bash $0 tgab ;;
 tgab)
   # tg256 p16 of $TG_BINS (default kiln_a (main) and kiln (the branch)) alternated, $TG_ROUNDS
   # rounds (default 2), on $TG_SHAPES (default: the float shapes a fused-norm change reaches) in
