@@ -12,9 +12,10 @@
 //   each lane one 32-value unit per step, two units in flight.
 
 // A weight stream's L2 fetch (ld_stream*'s LINE): the hardware's choice, or
-// the whole 128-byte line (.L2::128B). Whole lines gained on the K-quants'
-// 144-byte super-blocks (8B Q4_K_M tg256 +0.5%) and nothing on Q8_0, Q4_0 or
-// bf16; 256-byte blocks lost 0.4-5% (NOTES.md item 118).
+// the whole 128-byte line (.L2::128B). Whole lines gained on the repacked
+// K-quants, whose super-blocks (84-176 bytes) straddle lines (8B tg256
+// Q4_K_M +0.5%, Q5_K_M / Q3_K_M / Q2_K +0.15-0.3%), and nothing on Q8_0, Q4_0
+// or bf16; 256-byte blocks lost 0.4-5% (NOTES.md item 118).
 // 16 bytes from global memory, not kept in L1 (weights are read once).
 template <bool LINE = false>
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
@@ -672,18 +673,22 @@ __device__ __forceinline__ void rload<T_Q4_KR>(const u8* __restrict__ row, int u
 }
 
 // 4 bytes from global memory, not kept in L1.
+template <bool LINE = false>
 __device__ __forceinline__ u32 ld_stream4(const void* p) {
     u32 v;
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    if constexpr (LINE)
+        asm("ld.global.nc.L1::no_allocate.L2::128B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    else
+        asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
 
 template <>
 __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u, int cols, uint4* q, u16* d) {
     const u8* b = row + (u >> 3) * 176;
-    q[0] = ld_stream16(b + 16 + 16 * (u & 7));
-    q[1] = ld_stream16(b);
-    q[2] = make_uint4(ld_stream4(b + 144 + 4 * (u & 7)), 0u, 0u, 0u);
+    q[0] = ld_stream16<true>(b + 16 + 16 * (u & 7));
+    q[1] = ld_stream16<true>(b);
+    q[2] = make_uint4(ld_stream4<true>(b + 144 + 4 * (u & 7)), 0u, 0u, 0u);
     *d = (u16)(u & 7);
 }
 
@@ -694,16 +699,16 @@ __device__ __forceinline__ void rload<T_Q5_KR>(const u8* __restrict__ row, int u
 __device__ __forceinline__ void q2kr_load(const u8* __restrict__ row, int u, int k, uint4* q) {
     const u8* b = row + (u >> 5) * 336 + 336 * k;
     int t = u & 31;
-    uint2 v = ld_stream8(b + 8 * t);
-    q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4(b + 320 + 4 * (t >> 3)));
+    uint2 v = ld_stream8<true>(b + 8 * t);
+    q[0] = make_uint4(v.x, v.y, (u32)ld_u16(b + 256 + 2 * t), ld_stream4<true>(b + 320 + 4 * (t >> 3)));
 }
 
 // Unit j of the repacked Q3_K super-block at b: the header, then its 2-bit
 // words and high-bit word.
 __device__ __forceinline__ void q3kr_load(const u8* b, int j, uint4* q) {
-    q[0] = ld_stream16(b);
-    uint2 v = ld_stream8(b + 16 + 8 * j);
-    q[1] = make_uint4(v.x, v.y, ld_stream4(b + 80 + 4 * j), 0u);
+    q[0] = ld_stream16<true>(b);
+    uint2 v = ld_stream8<true>(b + 16 + 8 * j);
+    q[1] = make_uint4(v.x, v.y, ld_stream4<true>(b + 80 + 4 * j), 0u);
 }
 
 template <>
@@ -809,9 +814,9 @@ __device__ __forceinline__ void rload_k<T_Q5_KR>(const u8* __restrict__ row, int
     const u8* b = row + (u0 >> 3) * 176;
     const u8* pq = b + 16 + 16 * (u0 & 7);
     const u8* ph = b + 144 + 4 * (u0 & 7);
-    q[0] = ld_stream16(pq + 4 * 176 * k);
-    q[1] = ld_stream16(b + 4 * 176 * k);
-    q[2] = make_uint4(ld_stream4(ph + 4 * 176 * k), 0u, 0u, 0u);
+    q[0] = ld_stream16<true>(pq + 4 * 176 * k);
+    q[1] = ld_stream16<true>(b + 4 * 176 * k);
+    q[2] = make_uint4(ld_stream4<true>(ph + 4 * 176 * k), 0u, 0u, 0u);
     *d = (u16)(u0 & 7);
 }
 
