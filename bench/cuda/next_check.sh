@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh tcg8     # the tensor-core walk (f16) for groups past four (branch tc-g8): fixtures, Qwen3-14B logits and depth rows
 #   bash bench/cuda/next_check.sh l2k      # Q5_K / Q3_K / Q2_K streams with .L2::128B (branch l2line-k) vs main; invariant f16 batches
 #   bash bench/cuda/next_check.sh l2hint   # the GEMVs' weight loads with .L2::256B (kiln) / ::128B (kiln_b) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh glustamps # the float GLU forced on short rows (KILN_CUDA_MVFG_MIN=0) vs act_mul: tg256, 1B stamps
@@ -815,6 +816,25 @@ l2hint)
   done; date -u +%T
   TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
     bash $0 tgab ;;
+tcg8)
+  # Branch tc-g8 (kiln / cc): the f16 cache's tensor-core walk for groups past four query heads
+  # a KV head (every block of a group stores the own row its tiles read back). Fixtures (new
+  # TensorCore rows: 28 / 4 and 40 / 8 heads); 8B (groups of 4) bit for bit with main (_a);
+  # Qwen3-14B (40 / 8) logits, every step grouped, TC from position 0 against the CUDA-core
+  # walk; then its depth rows, TC against KILN_CUDA_ATT_TC=0, and the f32 cache.
+  fixtures 260; grep -E "tensor-core walk" $OUT/checks.txt
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Qwen3-14B /tmp/q14 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  KILN_CHECK_KV=f16 same_logits /tmp/dp8/model-q4_k_m.gguf > /dev/null && echo "8B f16 = main, bit for bit" || echo "8B f16 DIFFERS"
+  for m in q14/model-q4_k_m.gguf; do
+    rm -f /tmp/a.bin /tmp/b.bin
+    KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0 KILN_CHECK_KV=f16 KILN_CUDA_ATT_TC=0 timeout 150 /tmp/cc --logits /tmp/$m "$IDS" /tmp/a.bin > /dev/null 2>&1
+    KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0 KILN_CHECK_KV=f16 KILN_CUDA_ATT_TC_CTX=0 timeout 150 /tmp/cc --logits /tmp/$m "$IDS" /tmp/b.bin 2>&1 | grep together | head -1
+    echo "$m f16, TC against CUDA-core:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $(( $(stat -c %s /tmp/a.bin) / 4 / 96 )) 4
+  done; date -u +%T
+  for P in 2048 8192; do for e in X=1 KILN_CUDA_ATT_TC=0; do row q14/model-q4_k_m.gguf $P $e "-ctk f16 -ctv f16"; done; done
+  row q14/model-q4_k_m.gguf 8192 X=1
+  for b in _a ""; do B=$b row dp8/model-q4_k_m.gguf 8192 X=$b "-ctk f16 -ctv f16"; done; date -u +%T ;;
 l2k)
   # Branch l2line-k (kiln / cc): Q5_K, Q3_K and Q2_K weight streams with .L2::128B too, against
   # main (_a, Q4_K / Q6_K only): logits bit for bit, then tg256 of Q5_K_M, Q3_K_M, Q2_K

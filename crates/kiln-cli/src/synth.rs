@@ -23,7 +23,7 @@ use crate::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, SmolLM2-135M, SmolLM2-360M, Gemma-3-1B.
+    /// Shape: tiny (llama), tiny-qwen3, tiny-gemma3, Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Qwen3-14B, SmolLM2-135M, SmolLM2-360M, Gemma-3-1B.
     pub shape: String,
     /// Output folder: `hf/` and `model-<type>.gguf` are written inside.
     pub out_dir: PathBuf,
@@ -107,6 +107,14 @@ fn shape(name: &str) -> Option<Shape> {
             theta: 1e6,
             eps: 1e-6,
             ..s(Kind::Qwen3, 151936, 1024, 28, 16, 8, 128, 3072, true)
+        },
+        // Groups of 5 query heads a KV head: two grouped attention blocks
+        // a group.
+        "qwen3-14b" => Shape {
+            max_pos: 40960,
+            theta: 1e6,
+            eps: 1e-6,
+            ..s(Kind::Qwen3, 151936, 5120, 40, 40, 8, 128, 17408, false)
         },
         // Rows of 576 / 960 values: not whole runs of 8 quantized blocks.
         "smollm2-135m" => Shape {
@@ -585,6 +593,7 @@ mod tests {
             "Llama-3.2-1B",
             "Llama-3.1-8B",
             "Qwen3-0.6B",
+            "Qwen3-14B",
             "SmolLM2-135M",
             "SmolLM2-360M",
             "Gemma-3-1B",
@@ -598,6 +607,7 @@ mod tests {
                 "Llama-3.2-1B" => (1.2e9, 1.3e9),
                 "Llama-3.1-8B" => (7.9e9, 8.1e9),
                 "Qwen3-0.6B" => (0.58e9, 0.62e9),
+                "Qwen3-14B" => (14.5e9, 15.0e9),
                 "SmolLM2-135M" => (0.13e9, 0.14e9),
                 "SmolLM2-360M" => (0.35e9, 0.37e9),
                 _ => (0.98e9, 1.01e9),

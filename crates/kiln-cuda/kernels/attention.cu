@@ -1078,7 +1078,10 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 int d = lane + 32 * i;
                 okv[i] = kv_round<KV>(okv[i]);
                 ovv[i] = kv_round<KV>(ovv[i]);
-                if (sub == 0 && d < hd) {
+                // The tensor-core walk reads the own position back from the
+                // cache in its tiles, so every block of a group stores it
+                // (the same bits); the CUDA-core walk takes it from sown.
+                if ((TC || sub == 0) && d < hd) {
                     kv_st((KV*)kc + at + d, okv[i]);
                     kv_st((KV*)vc + at + d, ovv[i]);
                 }

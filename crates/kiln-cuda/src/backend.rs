@@ -1308,8 +1308,8 @@ struct Kernels {
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
     /// The fused grouped kernels at head dim 128 with the tensor-core walk,
     /// f16 cache only: `attention_fgt4_h`, with an L2 window
-    /// `attention_flgt4_h`. None where the model cannot take them (groups
-    /// past 4 query heads, a softcap) or `$KILN_CUDA_ATT_TC=0`.
+    /// `attention_flgt4_h`. None where the model cannot take them (head
+    /// dims other than 128, a softcap) or `$KILN_CUDA_ATT_TC=0`.
     attention_grouped_tc: Option<[cudarc::driver::sys::CUfunction; 2]>,
     /// The wide decode attention ([`AttReach::Wide`]), fused, for head dims
     /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
@@ -2533,7 +2533,6 @@ impl CudaBackend {
         };
         if std::env::var("KILN_CUDA_ATT_TC").is_ok_and(|v| v == "0")
             || d.head_dim != 128
-            || d.n_heads > 4 * d.n_kv_heads
             || d.attn_softcap.is_some()
         {
             k.attention_grouped_tc = None;
