@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh nonc     # the GEMVs' weight streams without .nc (branch ldg-nonc) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh tcg8     # the tensor-core walk (f16) for groups past four (branch tc-g8): fixtures, Qwen3-14B logits and depth rows
 #   bash bench/cuda/next_check.sh l2k      # Q5_K / Q3_K / Q2_K streams with .L2::128B (branch l2line-k) vs main; invariant f16 batches
 #   bash bench/cuda/next_check.sh l2hint   # the GEMVs' weight loads with .L2::256B (kiln) / ::128B (kiln_b) vs main: bits, #7 tg256 rows
@@ -816,6 +817,15 @@ l2hint)
   done; date -u +%T
   TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
     bash $0 tgab ;;
+nonc)
+  # Branch ldg-nonc (kiln / cc): the GEMVs' weight streams without .nc (LDG.E.NA.128, the LSU
+  # path, not the read-only one) against main (_a): logits bit for bit, the #7 tg256 rows.
+  for S in Llama-3.1-8B Llama-3.2-1B; do /tmp/kiln synth $S /tmp/tg-$S --types q8_0,q4_0,q4_k_m > /dev/null 2>&1; done
+  for m in Llama-3.2-1B:hf Llama-3.1-8B:q4_k_m; do
+    S=${m%%:*}; t=${m#*:}
+    same_logits $(model_of /tmp/tg-$S $t) > /dev/null && echo "$m = main, bit for bit" || echo "$m DIFFERS"
+  done; date -u +%T
+  TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" bash $0 tgab ;;
 tcg8)
   # Branch tc-g8 (kiln / cc): the f16 cache's tensor-core walk for groups past four query heads
   # a KV head (every block of a group stores the own row its tiles read back). Fixtures (new
