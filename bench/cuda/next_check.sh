@@ -660,8 +660,9 @@ tcsplit)
   # The tensor-core walk's slices (f16 cache): at 2,048 positions 16 slices leave a block's
   # warps 8-15 idle (128 positions, tiles of 16); 8 slices fill them, 32 halve each warp's
   # tiles at 8,192. 8B Q4_K_M and bf16, KILN_CUDA_ATT_SPLIT 8 / 16 / 32, alternated twice.
+  # $TS_ROUNDS (default 2) rounds over $TS_MODELS (default both).
   /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
-  for r in 1 2; do for m in dp8/model-q4_k_m.gguf dp8/hf; do for P in 2048 8192; do
+  for r in $(seq ${TS_ROUNDS:-2}); do for m in ${TS_MODELS:-dp8/model-q4_k_m.gguf dp8/hf}; do for P in 2048 8192; do
     for sp in 8 16 32; do row $m $P KILN_CUDA_ATT_SPLIT=$sp "-ctk f16 -ctv f16"; done
   done; done; done; date -u +%T ;;
 skip)
