@@ -580,16 +580,26 @@ __device__ __forceinline__ void f16x2_split(float x0, float x1, u32& hi, u32& lo
 struct TcTileH {
     uint4 k[2][4], v[4][2];
 };
-__device__ __forceinline__ int tc_h_kpos(int b, int h, int g) { return b + 8 * h + g; }
-__device__ __forceinline__ int tc_h_vpos(int b, int j, int t) { return b + (j & 1) + 2 * t + 8 * (j >> 1); }
-// Lane (g, t)'s words of position p's K row (4) and V row (2).
-template <typename RowAt>
-__device__ __forceinline__ const uint4* tc_h_krow(const u16* kc, RowAt row_at, int p, int t) {
-    return (const uint4*)(kc + row_at(p) + 32 * t);
-}
-template <typename RowAt>
-__device__ __forceinline__ const uint4* tc_h_vrow(const u16* vc, RowAt row_at, int p, int g) {
-    return (const uint4*)(vc + row_at(p) + 16 * g);
+// Lane (g, t)'s rows of the tile at b, positions past `last` taken as
+// `last`, those up to `skip` left out (SKIP): fk(h, p, words) for K rows h
+// = 0, 1 (position p, its 4 words of the lane), fv(j, p, words) for V rows
+// j = 0 .. 3 (2 words) — the tile's geometry for its loads, mends and
+// prefetches alike.
+template <bool SKIP = false, typename RowAt, typename FK, typename FV>
+__device__ __forceinline__ void tc_h_rows(const u16* kc, const u16* vc, RowAt row_at, int b, int last, int g, int t,
+                                          FK fk, FV fv, int skip = 0) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int p = min(b + 8 * h + g, last);
+        if (SKIP && p <= skip) continue;
+        fk(h, p, (const uint4*)(kc + row_at(p) + 32 * t));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int p = min(b + (j & 1) + 2 * t + 8 * (j >> 1), last);
+        if (SKIP && p <= skip) continue;
+        fv(j, p, (const uint4*)(vc + row_at(p) + 16 * g));
+    }
 }
 // Positions past `last` load the last one's rows: unconditional loads stay
 // together ahead of their uses (conditional ones were placed at each use,
@@ -598,18 +608,16 @@ __device__ __forceinline__ const uint4* tc_h_vrow(const u16* vc, RowAt row_at, i
 template <typename RowAt>
 __device__ __forceinline__ void tc_h_load(const u16* kc, const u16* vc, RowAt row_at, int b, int last, int g, int t,
                                           TcTileH& x) {
+    tc_h_rows(
+        kc, vc, row_at, b, last, g, t,
+        [&](int h, int, const uint4* kp) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint4* kp = tc_h_krow(kc, row_at, min(tc_h_kpos(b, h, g), last), t);
-#pragma unroll
-        for (int i = 0; i < 4; i++) x.k[h][i] = kp[i];
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const uint4* vp = tc_h_vrow(vc, row_at, min(tc_h_vpos(b, j, t), last), g);
-        x.v[j][0] = vp[0];
-        x.v[j][1] = vp[1];
-    }
+            for (int i = 0; i < 4; i++) x.k[h][i] = kp[i];
+        },
+        [&](int j, int, const uint4* vp) {
+            x.v[j][0] = vp[0];
+            x.v[j][1] = vp[1];
+        });
 }
 // The rows of a tile loaded before the PDL wait (positions up to `safe`,
 // which finished steps wrote) that lie past it: the token's own position
@@ -625,22 +633,17 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
     auto word8 = [&](int k, int p, int d, const uint4* src) {
         return p == own_pos ? make_uint4(pair(k, d), pair(k, d + 2), pair(k, d + 4), pair(k, d + 6)) : *src;
     };
+    tc_h_rows<true>(
+        kc, vc, row_at, b, last, g, t,
+        [&](int h, int p, const uint4* kp) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int p = min(tc_h_kpos(b, h, g), last);
-        if (p <= safe) continue;
-        const uint4* kp = tc_h_krow(kc, row_at, p, t);
+            for (int i = 0; i < 4; i++) x.k[h][i] = word8(0, p, 32 * t + 8 * i, kp + i);
+        },
+        [&](int j, int p, const uint4* vp) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) x.k[h][i] = word8(0, p, 32 * t + 8 * i, kp + i);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int p = min(tc_h_vpos(b, j, t), last);
-        if (p <= safe) continue;
-        const uint4* vp = tc_h_vrow(vc, row_at, p, g);
-#pragma unroll
-        for (int i = 0; i < 2; i++) x.v[j][i] = word8(1, p, 16 * g + 8 * i, vp + i);
-    }
+            for (int i = 0; i < 2; i++) x.v[j][i] = word8(1, p, 16 * g + 8 * i, vp + i);
+        },
+        safe);
 }
 
 // The walk of one warp over tiles of 16 positions (b .. b + 15,
@@ -673,14 +676,9 @@ __device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowA
     // then take an L2 round trip each, not a DRAM one (8B Q4_K_M at 8,192
     // positions: 422 -> 432 tok/s against the slice's rows prefetched by the
     // whole block before the PDL wait, which cost the CUDA-core walk 5%).
-    for (int b = start + 16 * warp + 16 * W; b < lend; b += 16 * W) {
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(tc_h_krow(kc, row_at, min(tc_h_kpos(b, h, g), lend - 1), t)));
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(tc_h_vrow(vc, row_at, min(tc_h_vpos(b, j, t), lend - 1), g)));
-    }
+    auto prefetch = [](int, int, const uint4* row) { asm volatile("prefetch.global.L2 [%0];" ::"l"(row)); };
+    for (int b = start + 16 * warp + 16 * W; b < lend; b += 16 * W)
+        tc_h_rows(kc, vc, row_at, b, lend - 1, g, t, prefetch, prefetch);
     auto step = [&](int b, const TcTileH& tile) {
         int nv = min(16, lend - b);
         auto& kx = tile.k;
