@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh tc8      # the tensor-core walk's 8-head blocks for groups of 5-8 (branch tc-g8b) vs main: fixtures, logits, Qwen3-14B depth rows
 #   bash bench/cuda/next_check.sh nonc     # the GEMVs' weight streams without .nc (branch ldg-nonc) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh tcg8     # the tensor-core walk (f16) for groups past four (branch tc-g8): fixtures, Qwen3-14B logits and depth rows
 #   bash bench/cuda/next_check.sh l2k      # Q5_K / Q3_K / Q2_K streams with .L2::128B (branch l2line-k) vs main; invariant f16 batches
@@ -818,6 +819,29 @@ l2hint)
   done; date -u +%T
   TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
     bash $0 tgab ;;
+tc8)
+  # Branch tc-g8b (kiln / cc): the tensor-core walk's blocks of 8 heads, one a group of 5-8,
+  # against main (_a: two blocks of 4 a group, each walking the group's K / V). Fixtures (the
+  # TensorCore rows at 28 / 4 and 40 / 8 heads take the 8-head blocks); 8B (groups of 4) bit for
+  # bit with main; Qwen3-14B logits, every step grouped, TC from position 0, branch and main
+  # each against the CUDA-core walk; then depth rows alternated, f16 cache.
+  fixtures 260; grep -E "tensor-core walk" $OUT/checks.txt
+  /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1
+  /tmp/kiln synth Qwen3-14B /tmp/q14 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  KILN_CHECK_KV=f16 same_logits /tmp/dp8/model-q4_k_m.gguf > /dev/null && echo "8B f16 = main, bit for bit" || echo "8B f16 DIFFERS"
+  export KILN_CUDA_ATT_GROUP_CTX=0 KILN_CUDA_ATT_WIDE=0 KILN_CHECK_KV=f16
+  rm -f /tmp/a.bin /tmp/b.bin /tmp/c.bin
+  KILN_CUDA_ATT_TC=0 timeout 150 /tmp/cc --logits /tmp/q14/model-q4_k_m.gguf "$IDS" /tmp/a.bin > /dev/null 2>&1
+  KILN_CUDA_ATT_TC_CTX=0 timeout 150 /tmp/cc --logits /tmp/q14/model-q4_k_m.gguf "$IDS" /tmp/b.bin > /dev/null 2>&1
+  KILN_CUDA_ATT_TC_CTX=0 timeout 150 /tmp/cc_a --logits /tmp/q14/model-q4_k_m.gguf "$IDS" /tmp/c.bin > /dev/null 2>&1
+  V=$(( $(stat -c %s /tmp/a.bin) / 4 / 96 ))
+  echo "Qwen3-14B f16, 8-head TC blocks against the CUDA-core walk:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/b.bin $V 4
+  echo "Qwen3-14B f16, main's 4-head TC blocks against the CUDA-core walk:"; python3 bench/cuda/logits_diff.py /tmp/a.bin /tmp/c.bin $V 4
+  unset KILN_CUDA_ATT_GROUP_CTX KILN_CUDA_ATT_WIDE KILN_CHECK_KV; date -u +%T
+  for r in 1 2; do for P in 2048 8192; do for b in _a ""; do
+    B=$b row q14/model-q4_k_m.gguf $P X=$b "-ctk f16 -ctv f16"
+  done; done; done
+  for b in _a ""; do B=$b row dp8/model-q4_k_m.gguf 8192 X=$b "-ctk f16 -ctv f16"; done; date -u +%T ;;
 nonc)
   # Branch ldg-nonc (kiln / cc): the GEMVs' weight streams without .nc (LDG.E.NA.128, the LSU
   # path, not the read-only one) against main (_a): logits bit for bit, the #7 tg256 rows.

@@ -1389,14 +1389,16 @@ fn model_checks(fixtures: &Path, failures: &mut Vec<String>) {
         layout_check(&mut rows, ty, 256, None, f16, Layout::Deep);
     }
     // The grouped kernels' tensor-core walk (f16 cache, head dim 128)
-    // against their CUDA-core walk: groups of 4 and 3, and of 7 and 5 (two
-    // blocks a group, each storing the own row its tiles read back), float
-    // and Q8_0 O weights; with one slice a warp walks two or three tiles.
+    // against their CUDA-core walk: groups of 4 and 3 (blocks of 4 heads),
+    // of 7 and 5 (one block of 8), of 12 (two blocks of 6, each storing the
+    // own row its tiles read back), float and Q8_0 O weights; with one slice
+    // a warp walks two or three tiles.
     for (ty, heads) in [
         (GgmlType::F16, None),
         (GgmlType::F16, Some((12, 4))),
         (GgmlType::F16, Some((28, 4))),
         (GgmlType::F16, Some((40, 8))),
+        (GgmlType::F16, Some((48, 4))),
         (GgmlType::Q8_0, None),
     ] {
         layout_check(&mut rows, ty, 128, heads, true, Layout::TensorCore);

@@ -657,15 +657,18 @@ __device__ __forceinline__ void tc_h_fix(const u16* kc, const u16* vc, RowAt row
 // m-tile mt: rows g, g + 8 = dims 16 g + 2 mt and + 1) pairs positions 2t,
 // 2t + 1 and 8 + 2t, 9 + 2t of the lane's dims 16 g .. 16 g + 15 (byte
 // permutes of the loaded words). o[mt]: dims 16 g + 2 mt (+1 for
-// 2, 3) of heads 2t, 2t + 1 (lanes t >= 2: padding heads, zero). `pre`:
+// 2, 3) of heads 2t, 2t + 1 (NH = 4: lanes t >= 2 hold padding heads,
+// zero). NH: the block's heads, 4 or 8 (A's rows 0-7 and B's columns 0-7
+// are there either way: 8 heads take the same products). `pre`:
 // `first` already holds the warp's first tile (tc_h_load before the PDL
 // wait, tc_h_fix after the barrier); else it is loaded here.
-template <typename RowAt>
+template <int NH, typename RowAt>
 __device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowAt row_at, const u32 (*sqh)[36],
                                               int start, int lend, int warp, int W, int lane, float scale, bool pre,
                                               TcTileH& first, float& m, float& l, float (&o)[8][4]) {
+    static_assert(NH == 4 || NH == 8, "the walk's heads: 4 or 8");
     int g = lane >> 2, t = lane & 3;
-    bool hq = g < 4;
+    bool hq = g < NH;
     m = -INFINITY;
     l = 0.0f;
 #pragma unroll
@@ -758,6 +761,19 @@ __device__ __forceinline__ void att_walk_tc_h(const u16* kc, const u16* vc, RowA
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+}
+// Lane (g, tq)'s walk sums (att_walk_tc_h's o: two heads' dims 16 g + 2 mt
+// and + 1) into head slots slot and slot + 1 of sacc at this warp.
+template <int W>
+__device__ __forceinline__ void tc_h_sacc(float (*sacc)[W][128], const float (&o)[8][4], int warp, int g, int slot) {
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++) {
+        int d0 = 16 * g + 2 * mt;
+        sacc[slot][warp][d0] = o[mt][0];
+        sacc[slot + 1][warp][d0] = o[mt][1];
+        sacc[slot][warp][d0 + 1] = o[mt][2];
+        sacc[slot + 1][warp][d0 + 1] = o[mt][3];
+    }
 }
 
 // Grouped blocks (G = 4) walk their positions with the lanes split over the
@@ -981,8 +997,12 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     constexpr int W = WN > 0 ? WN : WD > 0 ? WD : ATT_DEC_WARPS(DPL, G);
     static_assert(W >= G, "a warp per head for the merges");
     static_assert(WN == 0 || ((WN == 32 || WN == 16) && G == 1 && !CLU), "wide blocks: 32 or 16 warps, one head");
+    // TWO: the tensor-core walk's blocks of 8 heads (groups of 5-8) put their
+    // warps' sums through sacc four heads at a time (8 heads' would be 64 KB).
+    constexpr bool TWO = TC && G > 4;
+    static_assert(!TWO || (G == 8 && !CLU && WN == 0), "8-head blocks: the tensor-core walk, global merge");
     __shared__ float sm[G][W], sl[G][W];
-    __shared__ float sacc[G][W][DPL * 32];
+    __shared__ float sacc[TWO ? 4 : G][W][DPL * 32];
     __shared__ int last;
     // CLU: grid (S, head blocks, tokens) in clusters of S; else (head
     // blocks, tokens, S).
@@ -1017,6 +1037,9 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         start = s0;
     }
     const u32* table = tables + (u64)rowidx[t] * tstride;
+    // The tensor-core walk's sums (lane (g, tq): heads 2 tq, 2 tq + 1's dims
+    // 16 g + 2 mt, + 1), kept for TWO's second round.
+    [[maybe_unused]] float tco[8][4];
     if constexpr (G > 1) {
         // The split-lane walk (att_step_split); as the one-head walk below
         // otherwise: its first positions loaded before the PDL wait, PRE in
@@ -1024,7 +1047,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
         using SL = SplitLanes<DPL, KV>;
         constexpr int LPH = SL::LPH, HP = SL::HP, NP = SL::NP;
         constexpr int PRE = ATT_SPLIT_REGS / (8 * (int)sizeof(KV) / 2);
-        static_assert(G == 4 && HP * NP == G, "split lanes: four heads");
+        static_assert(TC || (G == 4 && HP * NP == G), "split lanes: four heads");
         __shared__ float sq[G][DPL * 32], sown[2][DPL * 32];
         int hs = lane / LPH, jl = lane % LPH;
         int p0 = start + warp;
@@ -1092,8 +1115,8 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
             static_assert(DPL == 4 && sizeof(KV) == 2, "the tensor-core walk: head dim 128, f16 cache");
             // The heads' q as (hi, lo) f16 pairs in mma step order (dims d, d + 1
             // of head gq: step (d % 32) / 4, pair (d % 4) / 2).
-            __shared__ __align__(16) u32 sqh[16][36];
-            if (threadIdx.x < 256) {
+            __shared__ __align__(16) u32 sqh[4 * G][36];
+            if (threadIdx.x < 64 * G) {
                 int gq = threadIdx.x >> 6, d = 2 * (threadIdx.x & 63), j = d & 31;
                 u32 h, lo;
                 f16x2_split(sq[gq][d], sq[gq][d + 1], h, lo);
@@ -1106,7 +1129,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 tc_h_fix(kh, vh, row_at, start + 16 * warp, end - 1, safe, own ? (int)pos : -1, sown, lane >> 2,
                          lane & 3, first);
             float mw, lw, o[8][4];
-            att_walk_tc_h(kh, vh, row_at, sqh, start, end, warp, W, lane, scale, tc_pre, first, mw, lw, o);
+            att_walk_tc_h<G>(kh, vh, row_at, sqh, start, end, warp, W, lane, scale, tc_pre, first, mw, lw, o);
             tl_mark_after(5, (double)o[0][0]);
             // Lane (g, tq): head g's (m, l), heads 2 tq and 2 tq + 1's dims 16 g
             // + 2 mt and + 1 (tq < 2).
@@ -1115,15 +1138,13 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
                 sm[g][warp] = mw;
                 sl[g][warp] = lw;
             }
-            if (tq < 2) {
+            // TWO: heads 4-7 (lanes tq >= 2) after heads 0-3 are put (below).
+            if (tq < 2) tc_h_sacc(sacc, o, warp, g, 2 * tq);
+            if constexpr (TWO) {
 #pragma unroll
-                for (int mt = 0; mt < 8; mt++) {
-                    int d0 = 16 * g + 2 * mt;
-                    sacc[2 * tq][warp][d0] = o[mt][0];
-                    sacc[2 * tq + 1][warp][d0] = o[mt][1];
-                    sacc[2 * tq][warp][d0 + 1] = o[mt][2];
-                    sacc[2 * tq + 1][warp][d0 + 1] = o[mt][3];
-                }
+                for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) tco[mt][i] = o[mt][i];
             }
         } else {
         float qf[NP][8], acc[NP][8], m[NP], l[NP];
@@ -1332,7 +1353,36 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // block barrier).
     if (G == 1 && warp != 0) return;
     int h = h0 + warp;
-    if (S == 1) {
+    if constexpr (TWO) {
+        // Heads 0-3 from sacc, then heads 4-7 (written over them).
+        u64 pair0 = (u64)t * n_heads + h0;
+#pragma unroll
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1) {
+                __syncthreads();
+                if ((lane & 3) >= 2) tc_h_sacc(sacc, tco, warp, lane >> 2, 2 * (lane & 3) - 4);
+                __syncthreads();
+            }
+            if (warp < 4 * pass || warp >= 4 * pass + 4 || warp >= gn) continue;
+            const auto& acc = sacc[warp - 4 * pass];
+            float M, L, f[W];
+            att_block_weights<W>(sm[warp], sl[warp], f, M, L);
+            if (S == 1) {
+                float invL = L > 0.0f ? 1.0f / L : 0.0f;
+                float ov[DPL];
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    ov[i] = (d < hd ? att_block_sum<DPL, W>(acc, f, d) : 0.0f) * invL;
+                }
+                att_store<DPL>(ob + (u64)h * hd, ov, hd, lane, xq, xqd, xqs, (xrow + (u64)h * hd) >> 5);
+            } else {
+                att_slice_put<DPL, W>(part + ((pair0 + warp) * S + sp) * (hd + 2), acc, f, M, L, hd, lane);
+                fence_acq_rel_gpu();
+            }
+        }
+        if (S == 1) return;
+    } else if (S == 1) {
         if (warp >= gn) return;
         float M, L, f[W];
         att_block_weights<W>(sm[warp], sl[warp], f, M, L);
@@ -1350,7 +1400,7 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
     // (token, head) pair are contiguous. One counter a block, at its first
     // head's pair.
     u64 pair0 = (u64)t * n_heads + h0;
-    if (warp < gn) {
+    if (!TWO && warp < gn) {
         float M, L, f[W];
         att_block_weights<W>(sm[warp], sl[warp], f, M, L);
         att_slice_put<DPL, W>(part + ((pair0 + warp) * S + sp) * (hd + 2), sacc[warp], f, M, L, hd, lane);
@@ -1423,13 +1473,16 @@ __device__ __forceinline__ void attention_impl(const float* q, int qstride, cons
 #define ATTENTION(D, F, DPL, CLU, KV, G) ATTENTION_LB(ATT_LB_##G##_##DPL, D, F, DPL, CLU, KV, G, 0)
 // The grouped fused kernels at head dim 128 over an f16 cache with the
 // tensor-core walk (att_walk_tc_h), plain and with an L2 window.
-#define ATTENTION_TC(S, T)                                                                             \
-    extern "C" __global__ void ATT_LB_4_4 attention_fgt4##S(ATT_F_PARAMS(T)) {                         \
-        attention_impl<T, 4, true, false, false, 4, 0, 0, true>(ATT_F_ARGS);                          \
+#define ATTENTION_TC_G(S, T, G)                                                                        \
+    extern "C" __global__ void ATT_LB_4_4 attention_fgt##G##S(ATT_F_PARAMS(T)) {                       \
+        attention_impl<T, 4, true, false, false, G, 0, 0, true>(ATT_F_ARGS);                          \
     }                                                                                                  \
-    extern "C" __global__ void ATT_LB_4_4 attention_flgt4##S(ATT_F_PARAMS(T), L2A_PARAMS) {            \
-        attention_impl<T, 4, true, false, true, 4, 0, 0, true>(ATT_F_ARGS, L2A_ARGS);                 \
+    extern "C" __global__ void ATT_LB_4_4 attention_flgt##G##S(ATT_F_PARAMS(T), L2A_PARAMS) {          \
+        attention_impl<T, 4, true, false, true, G, 0, 0, true>(ATT_F_ARGS, L2A_ARGS);                 \
     }
+// Blocks of 4 heads, and of 8 for groups of 5-8 (one block a group, where
+// two of 4 would each walk the group's K / V).
+#define ATTENTION_TC(S, T) ATTENTION_TC_G(S, T, 4) ATTENTION_TC_G(S, T, 8)
 // The deep kernels (head dim 256, steps of at most ATT_DEEP_SM_SHARE of
 // the SMs' count in blocks, backend.rs): 16 warps a block, each walking a
 // quarter of the positions the 4 of ATTENTION's walk, held to 128 registers

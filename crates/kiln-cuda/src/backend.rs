@@ -834,12 +834,13 @@ fn att_dpl(head_dim: usize) -> usize {
     }
 }
 /// Blocks of query heads the split decode attention's grid has per token:
-/// one per head, or (`grouped`) one per up to four heads of a KV group, a
-/// larger group splitting evenly over ceil(group / 4) blocks (attention_impl's
-/// G in attention.cu).
-fn att_head_blocks(n_heads: usize, n_kv: usize, grouped: bool) -> usize {
-    if grouped {
-        n_kv * (n_heads / n_kv.max(1)).div_ceil(4)
+/// one per head (`per` 1), or one per up to `per` (4, or 8 for the
+/// tensor-core walk's groups of 5-8) heads of a KV group, a larger group
+/// splitting evenly over ceil(group / per) blocks (attention_impl's G in
+/// attention.cu).
+fn att_head_blocks(n_heads: usize, n_kv: usize, per: usize) -> usize {
+    if per > 1 {
+        n_kv * (n_heads / n_kv.max(1)).div_ceil(per)
     } else {
         n_heads
     }
@@ -1307,10 +1308,11 @@ struct Kernels {
     attention_grouped_fused: [cudarc::driver::sys::CUfunction; 2],
     attention_grouped_l2w: [cudarc::driver::sys::CUfunction; 2],
     /// The fused grouped kernels at head dim 128 with the tensor-core walk,
-    /// f16 cache only: `attention_fgt4_h`, with an L2 window
-    /// `attention_flgt4_h`. None where the model cannot take them (head
-    /// dims other than 128, a softcap) or `$KILN_CUDA_ATT_TC=0`.
-    attention_grouped_tc: Option<[cudarc::driver::sys::CUfunction; 2]>,
+    /// f16 cache only, blocks of 4 and of 8 heads (groups of 5-8):
+    /// `attention_fgt4_h` / `fgt8_h`, with an L2 window `attention_flgt4_h`
+    /// / `flgt8_h`. None where the model cannot take them (head dims other
+    /// than 128, a softcap) or `$KILN_CUDA_ATT_TC=0`.
+    attention_grouped_tc: Option<[[cudarc::driver::sys::CUfunction; 2]; 2]>,
     /// The wide decode attention ([`AttReach::Wide`]), fused, for head dims
     /// up to 64 and 128: `attention_fw2` / `fw4`, with an L2 window
     /// `attention_flw2` / `flw4`.
@@ -1576,8 +1578,14 @@ impl Kernels {
             attention_grouped_l2w: [kvf(gpu, "attention_flg2")?, kvf(gpu, "attention_flg4")?],
             attention_grouped_tc: match kv {
                 KvType::F16 => Some([
-                    gpu.func("attention_fgt4_h")?,
-                    gpu.func("attention_flgt4_h")?,
+                    [
+                        gpu.func("attention_fgt4_h")?,
+                        gpu.func("attention_flgt4_h")?,
+                    ],
+                    [
+                        gpu.func("attention_fgt8_h")?,
+                        gpu.func("attention_flgt8_h")?,
+                    ],
                 ]),
                 KvType::F32 => None,
             },
@@ -4095,6 +4103,19 @@ impl CudaBackend {
         )
     }
 
+    /// Query heads a block of the split decode attention serves: 1 (not
+    /// `grouped`), 4, or 8 where the tensor-core walk (`tc`: it applies to
+    /// the step) takes a group of 5-8 in one block (two blocks of 4 would
+    /// each walk the group's K / V).
+    fn att_heads_per_block(&self, grouped: bool, tc: bool) -> usize {
+        let group = self.desc.n_heads / self.desc.n_kv_heads.max(1);
+        match (grouped, tc && self.k.attention_grouped_tc.is_some()) {
+            (false, _) => 1,
+            (true, true) if group > 4 => 8,
+            _ => 4,
+        }
+    }
+
     /// Slices for the decode attention of `batch`: enough (head block,
     /// token, slice) blocks to fill the GPU `att_blocks` / SMs times over, a
     /// power of two up to `att_split`. It depends on the batch size only,
@@ -4105,7 +4126,8 @@ impl CudaBackend {
     fn split_for(&self, batch: &Batch<'_>, reach: AttReach) -> usize {
         let d = &self.desc;
         let grouped = matches!(reach, AttReach::Long | AttReach::Far);
-        let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, grouped) * batch.len().max(1);
+        let per = self.att_heads_per_block(grouped, reach == AttReach::Far);
+        let pairs = att_head_blocks(d.n_heads, d.n_kv_heads, per) * batch.len().max(1);
         let split = self
             .att_blocks
             .div_ceil(pairs)
@@ -4370,20 +4392,23 @@ impl CudaBackend {
                 // `att_group_ctx` is usize::MAX for head dims past 128.
                 let grouped =
                     matches!(reach, AttReach::Long | AttReach::Far) && gqa.is_none() && dpl < 2;
-                let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, grouped);
+                // The tensor-core walk (f16 cache, head dim 128) from
+                // ATT_TC_CTX: 8B bf16 S_TG after 2,048 / 8,192 positions 244 /
+                // 210 -> 247 / 228 tok/s (NOTES.md item 117).
+                let tc_on = grouped && fused && reach == AttReach::Far;
+                let per = self.att_heads_per_block(grouped, tc_on);
+                let head_blocks = att_head_blocks(d.n_heads, d.n_kv_heads, per);
                 // Steps past att_split_tokens take one slice.
                 let split = if n <= self.att_split_tokens { split } else { 1 };
                 // Head dim 256 in steps of few blocks: 16 warps a block.
                 let deep = dpl == 2
                     && gqa.is_none()
                     && head_blocks * n * split.max(1) <= self.att_deep_blocks;
-                // The tensor-core walk (f16 cache, head dim 128) from
-                // ATT_TC_CTX: 8B bf16 S_TG after 2,048 / 8,192 positions 244 /
-                // 210 -> 247 / 228 tok/s (NOTES.md item 117).
                 let tc = self
                     .k
                     .attention_grouped_tc
-                    .filter(|_| grouped && fused && reach == AttReach::Far);
+                    .filter(|_| tc_on)
+                    .map(|f| f[usize::from(per == 8)]);
                 let att_dec = match (grouped, fused, tc) {
                     _ if deep => self.k.attention_deep[0][usize::from(fused)],
                     (_, _, Some(f)) => f[0],
