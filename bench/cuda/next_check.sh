@@ -42,6 +42,7 @@
 #   bash bench/cuda/next_check.sh tail     # the fused-norm GEMVs' last round in parts (kiln.xz) vs main (_a): fixtures, logits, tg256, stamps
 #   bash bench/cuda/next_check.sh invf     # batch invariance with float weights / post-norm layers, main vs branch; invariant fixtures
 #   bash bench/cuda/next_check.sh tgab     # tg256 of main (_a) and the branch alternated on $TG_SHAPES x $TG_TYPES
+#   bash bench/cuda/next_check.sh q14d     # Qwen3-14B at depth beside the 8B: rows, slices, ncu of a step at 8,192
 #   bash bench/cuda/next_check.sh tc8      # the tensor-core walk's 8-head blocks for groups of 5-8 (branch tc-g8b) vs main: fixtures, logits, Qwen3-14B depth rows
 #   bash bench/cuda/next_check.sh nonc     # the GEMVs' weight streams without .nc (branch ldg-nonc) vs main: bits, #7 tg256 rows
 #   bash bench/cuda/next_check.sh tcg8     # the tensor-core walk (f16) for groups past four (branch tc-g8): fixtures, Qwen3-14B logits and depth rows
@@ -819,6 +820,26 @@ l2hint)
   done; date -u +%T
   TG_SHAPES="Llama-3.1-8B Llama-3.2-1B" TG_TYPES="hf q8_0 q4_0 q4_k_m" TG_BINS="kiln_a kiln kiln_b" \
     bash $0 tgab ;;
+q14d)
+  # Qwen3-14B (40 / 8 heads: one 8-head tensor-core block a group since 30f951e) at depth beside
+  # the 8B (groups of 4), f16 cache: rows from 16 to 8,192 positions, the f32 cache and slice
+  # counts at 8,192; then ncu of a decode step at 8,192 (graphs off, isolated launches) of each,
+  # summed by kernel: where the 14B's extra time at depth goes.
+  [ -d /tmp/q14 ] || /tmp/kiln synth Qwen3-14B /tmp/q14 --types q4_k_m > /dev/null 2>&1
+  [ -d /tmp/dp8 ] || /tmp/kiln synth Llama-3.1-8B /tmp/dp8 --types q4_k_m > /dev/null 2>&1; date -u +%T
+  for P in 16 2048 8192; do for m in q14 dp8; do
+    row $m/model-q4_k_m.gguf $P X=1 "-ctk f16 -ctv f16"
+  done; done
+  row q14/model-q4_k_m.gguf 8192 X=1
+  for s in 8 32; do row q14/model-q4_k_m.gguf 8192 KILN_CUDA_ATT_SPLIT=$s "-ctk f16 -ctv f16"; done; date -u +%T
+  need_ncu
+  for m in q14 dp8; do
+    echo "== $m Q4_K_M f16 cache, a decode step after 8,192 positions"
+    KILN_CUDA_GRAPHS=0 timeout 200 $NCU --clock-control none --launch-skip 3000 --launch-count ${Q14_LAUNCHES:-600} \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+      /tmp/kiln bench /tmp/$m/model-q4_k_m.gguf --device cuda --batch 1 -p 8192 -n 40 -r 1 -ctk f16 -ctv f16 2>/dev/null > /tmp/ncu.csv
+    ncu_table
+  done; date -u +%T ;;
 tc8)
   # Branch tc-g8b (kiln / cc): the tensor-core walk's blocks of 8 heads, one a group of 5-8,
   # against main (_a: two blocks of 4 a group, each walking the group's K / V). Fixtures (the
