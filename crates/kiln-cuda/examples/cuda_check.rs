@@ -1025,6 +1025,18 @@ fn fused_check(
     fused_check_within(rows, what, ty, hd, None, 0.0, set)
 }
 
+/// Whether a one-token step of `model` under `co` runs the fused norms
+/// (a fused_check row whose fused run fell back to the separate kernels
+/// would compare a path with itself).
+fn norms_fused(model: &Arc<Model>, co: CudaOptions) -> Result<bool, String> {
+    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
+    let o = opts();
+    let layout = layout_for(&desc, o);
+    let b = CudaBackend::new(model.clone(), desc, layout, o.max_chunk, co)
+        .map_err(|e| e.to_string())?;
+    Ok(b.fused_norms())
+}
+
 /// [`fused_check`] where the fusion rounds apart from the separate kernels:
 /// the largest difference within `tol` of the largest |logit| (0: bit for bit);
 /// `heads`: query / KV heads other than the shape's ([`synth_llama_hd`]).
@@ -1069,6 +1081,12 @@ fn fused_check_within(
     };
     let row = (|| -> Result<Row, String> {
         let model = Arc::new(synth_llama_hd(ty, 2, hd, heads)?);
+        let (mut on, mut off) = (CudaOptions::default(), CudaOptions::default());
+        set(&mut on, true);
+        set(&mut off, false);
+        if on.fuse_norm && !off.fuse_norm && !norms_fused(&model, on)? {
+            return Err("the fused run took the separate kernels".into());
+        }
         let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let rel = diff / max_mag(&plain);

@@ -2942,6 +2942,12 @@ impl CudaBackend {
         self.graphs.iter_mut().for_each(|g| *g = None);
     }
 
+    /// Whether one-token steps run the layers' norms and residual adds
+    /// inside their GEMVs ([`CudaOptions::fuse_norm`], pre- or post-norm).
+    pub fn fused_norms(&self) -> bool {
+        self.fuse_norm || self.fuse_post
+    }
+
     /// How batches of many tokens are multiplied: "cuBLAS (≥ N tokens)" or
     /// why GEMV kernels are used throughout.
     pub fn gemm_info(&self) -> String {
