@@ -75,6 +75,10 @@
 # with $A8 covers it) at 41473ec.
 set -u
 MODE=${1:-verify}
+# A mode is a case label; a name used twice runs its first (older) body only, after the
+# device has started: refuse such a name, and an unknown one, before unpacking anything.
+n=$(grep -c "^${MODE})$" "$0")
+[ "$n" = 1 ] || { echo "next_check.sh: mode '$MODE' is defined $n times"; exit 2; }
 mkdir -p "$OUT"
 # Every binary in .device: cuda_check[_X] -> /tmp/cc[_X], kiln[_X] -> /tmp/kiln[_X].
 for f in .device/*.xz; do
