@@ -490,10 +490,21 @@ fn cuda_engine_opts(
     o: EngineOptions,
     co: CudaOptions,
 ) -> Result<Engine<CudaBackend>, String> {
+    cuda_engine_seen(model, o, co, |_| {})
+}
+
+/// [`cuda_engine_opts`], `see` shown the backend before the engine takes it.
+fn cuda_engine_seen(
+    model: &Arc<Model>,
+    o: EngineOptions,
+    co: CudaOptions,
+    see: impl FnOnce(&CudaBackend),
+) -> Result<Engine<CudaBackend>, String> {
     let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
     let layout = layout_for(&desc, o);
     let b = CudaBackend::new(model.clone(), desc, layout.clone(), o.max_chunk, co)
         .map_err(|e| e.to_string())?;
+    see(&b);
     Ok(Engine::new(b, layout))
 }
 
@@ -1025,18 +1036,6 @@ fn fused_check(
     fused_check_within(rows, what, ty, hd, None, 0.0, set)
 }
 
-/// Whether a one-token step of `model` under `co` runs the fused norms
-/// (a fused_check row whose fused run fell back to the separate kernels
-/// would compare a path with itself).
-fn norms_fused(model: &Arc<Model>, co: CudaOptions) -> Result<bool, String> {
-    let desc = ArchDescriptor::from_model(model).map_err(|e| e.to_string())?;
-    let o = opts();
-    let layout = layout_for(&desc, o);
-    let b = CudaBackend::new(model.clone(), desc, layout, o.max_chunk, co)
-        .map_err(|e| e.to_string())?;
-    Ok(b.fused_norms())
-}
-
 /// [`fused_check`] where the fusion rounds apart from the separate kernels:
 /// the largest difference within `tol` of the largest |logit| (0: bit for bit);
 /// `heads`: query / KV heads other than the shape's ([`synth_llama_hd`]).
@@ -1049,16 +1048,20 @@ fn fused_check_within(
     tol: f32,
     set: fn(&mut CudaOptions, bool),
 ) {
-    let run = |model: &Arc<Model>, fuse: bool| -> Result<Vec<f32>, String> {
+    // The logits, and whether one-token steps ran the fused norms (a row
+    // whose fused run fell back to the separate kernels would compare a
+    // path with itself).
+    let run = |model: &Arc<Model>, fuse: bool| -> Result<(Vec<f32>, bool), String> {
         let mut o = opts();
         o.max_seqs = 2;
         let mut co = CudaOptions::default();
         set(&mut co, fuse);
+        let mut norms = false;
         // The wide decode attention takes only fused steps: it is compared
         // with the sliced kernels on its own (layout_check, Layout::Wide).
         let mut e = with_env_restored(&["KILN_CUDA_ATT_WIDE"], || {
             std::env::set_var("KILN_CUDA_ATT_WIDE", "0");
-            cuda_engine_opts(model, o, co)
+            cuda_engine_seen(model, o, co, |b| norms = b.fused_norms())
         })?;
         let err = |e: kiln_core::EngineError| e.to_string();
         let mut out = e
@@ -1077,17 +1080,17 @@ fn fused_check_within(
             b = kiln_core::sampler::argmax(&l[v..]);
             out.extend_from_slice(&l);
         }
-        Ok(out)
+        Ok((out, norms))
     };
     let row = (|| -> Result<Row, String> {
         let model = Arc::new(synth_llama_hd(ty, 2, hd, heads)?);
         let (mut on, mut off) = (CudaOptions::default(), CudaOptions::default());
         set(&mut on, true);
         set(&mut off, false);
-        if on.fuse_norm && !off.fuse_norm && !norms_fused(&model, on)? {
+        let ((plain, _), (fused, norms)) = (run(&model, false)?, run(&model, true)?);
+        if on.fuse_norm && !off.fuse_norm && !norms {
             return Err("the fused run took the separate kernels".into());
         }
-        let (plain, fused) = (run(&model, false)?, run(&model, true)?);
         let diff = max_abs(&plain, &fused);
         let rel = diff / max_mag(&plain);
         let same = same_bits(&plain, &fused);

@@ -4111,11 +4111,12 @@ impl CudaBackend {
 
     /// Query heads a block of the split decode attention serves: 1 (not
     /// `grouped`), 4, or 8 where the tensor-core walk (`tc`: it applies to
-    /// the step) takes a group of 5-8 in one block (two blocks of 4 would
-    /// each walk the group's K / V).
+    /// the step, so its kernels are loaded: [`AttReach::Far`] needs them)
+    /// takes a group of 5-8 in one block (two blocks of 4 would each walk
+    /// the group's K / V).
     fn att_heads_per_block(&self, grouped: bool, tc: bool) -> usize {
         let group = self.desc.n_heads / self.desc.n_kv_heads.max(1);
-        match (grouped, tc && self.k.attention_grouped_tc.is_some()) {
+        match (grouped, tc) {
             (false, _) => 1,
             (true, true) if group > 4 => 8,
             _ => 4,
